@@ -1,0 +1,103 @@
+// Package kerrors holds the few error categories every Kurma package shares.
+//
+// Errors inside Kurma are wrapped with %w as they travel up; code that needs
+// to know what went wrong asks with errors.Is(err, kerrors.NotFound) and
+// never compares error strings. Categories are mapped to HTTP status codes,
+// CNI error codes or CLI exit codes only at those edges (see HTTPStatus).
+//
+// This package is a leaf: it must not import any other Kurma package.
+package kerrors
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// The categories. Each is a sentinel: wrap it, never return it bare when a
+// more precise message can be given (use New or Wrap).
+var (
+	// NotFound: the named object (pod, image, port, subnet...) does not exist.
+	NotFound = errors.New("not found")
+	// Conflict: the object exists already, or the request clashes with
+	// current state (duplicate name, address in use, stale revision).
+	Conflict = errors.New("conflict")
+	// Invalid: the caller's input is malformed or violates a rule.
+	Invalid = errors.New("invalid argument")
+	// Unauthorized: missing or wrong credentials.
+	Unauthorized = errors.New("unauthorized")
+	// Unavailable: a dependency is down or not ready; retrying may succeed.
+	Unavailable = errors.New("unavailable")
+	// Exhausted: a pool (addresses, MACs, ports) has nothing left to give.
+	Exhausted = errors.New("resource exhausted")
+	// Timeout: an operation did not finish within its limit.
+	Timeout = errors.New("timed out")
+)
+
+// New returns an error in category cat with a formatted message. The
+// category text is not repeated in the message: errors.Is finds it.
+func New(cat error, format string, args ...any) error {
+	return &catError{cat: cat, msg: fmt.Sprintf(format, args...)}
+}
+
+type catError struct {
+	cat error
+	msg string
+}
+
+func (e *catError) Error() string { return e.msg }
+func (e *catError) Unwrap() error { return e.cat }
+
+// HTTPStatus maps an error's category to an HTTP status code; errors of no
+// category are 500.
+func HTTPStatus(err error) int {
+	switch {
+	case err == nil:
+		return http.StatusOK
+	case errors.Is(err, NotFound):
+		return http.StatusNotFound
+	case errors.Is(err, Conflict), errors.Is(err, Exhausted):
+		return http.StatusConflict
+	case errors.Is(err, Invalid):
+		return http.StatusBadRequest
+	case errors.Is(err, Unauthorized):
+		return http.StatusUnauthorized
+	case errors.Is(err, Unavailable):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, Timeout):
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// Type names the category for JSON error bodies ("NotFound", "Conflict"...);
+// "Internal" when the error has none.
+func Type(err error) string {
+	for _, c := range []struct {
+		cat  error
+		name string
+	}{
+		{NotFound, "NotFound"}, {Conflict, "Conflict"}, {Invalid, "Invalid"},
+		{Unauthorized, "Unauthorized"}, {Unavailable, "Unavailable"},
+		{Exhausted, "Exhausted"}, {Timeout, "Timeout"},
+	} {
+		if errors.Is(err, c.cat) {
+			return c.name
+		}
+	}
+	return "Internal"
+}
+
+// FromType is the inverse of Type, used by API clients to rebuild a
+// categorised error from a JSON error body.
+func FromType(typ, msg string) error {
+	cats := map[string]error{
+		"NotFound": NotFound, "Conflict": Conflict, "Invalid": Invalid,
+		"Unauthorized": Unauthorized, "Unavailable": Unavailable,
+		"Exhausted": Exhausted, "Timeout": Timeout,
+	}
+	if c, ok := cats[typ]; ok {
+		return &catError{cat: c, msg: msg}
+	}
+	return errors.New(msg)
+}

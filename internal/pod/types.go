@@ -1,0 +1,129 @@
+package pod
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"time"
+
+	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/stagerspec"
+)
+
+// AppSpec describes one app of a pod as a user asks for it.
+type AppSpec struct {
+	// Name of the app; defaults to a name derived from the image.
+	Name string `json:"name,omitempty"`
+	// Image is a URI (docker://, file://, http(s)://), a stored reference or
+	// an image ID.
+	Image string `json:"image"`
+	// Exec overrides the image's exec (command and arguments) when set.
+	Exec             []string      `json:"exec,omitempty"`
+	Env              []appc.EnvVar `json:"env,omitempty"`
+	User             string        `json:"user,omitempty"`
+	Group            string        `json:"group,omitempty"`
+	WorkingDirectory string        `json:"workingDirectory,omitempty"`
+	Mounts           []appc.Mount  `json:"mounts,omitempty"`
+	// TTY allocates a terminal for the app (for attach).
+	TTY bool `json:"tty,omitempty"`
+}
+
+// Spec describes a pod to create.
+type Spec struct {
+	Name    string        `json:"name"`
+	Apps    []AppSpec     `json:"apps"`
+	Volumes []appc.Volume `json:"volumes,omitempty"`
+	// Networks lists the networks to attach (names from pod_networks);
+	// empty means the default networks; ["host"] the host's namespace;
+	// ["none"] loopback only.
+	Networks []string `json:"networks,omitempty"`
+	// StagerImage overrides the daemon's default stager.
+	StagerImage string `json:"stagerImage,omitempty"`
+}
+
+// State is where a pod is in its life.
+type State string
+
+// Pod states. A pod moves Creating -> Running -> Stopping -> Exited, or to
+// Errored from any state when its stager dies or a step fails after start.
+const (
+	Creating State = "creating"
+	Running  State = "running"
+	Stopping State = "stopping"
+	Exited   State = "exited"
+	Errored  State = "errored"
+)
+
+// AppInfo is one app of a created pod.
+type AppInfo struct {
+	Name    string                `json:"name"`
+	Image   string                `json:"image"`
+	ImageID string                `json:"imageID"`
+	Status  *stagerspec.AppStatus `json:"status,omitempty"`
+}
+
+// Pod is the daemon's record of a pod.
+type Pod struct {
+	UUID      string    `json:"uuid"`
+	Name      string    `json:"name"`
+	State     State     `json:"state"`
+	Spec      Spec      `json:"spec"`
+	Apps      []AppInfo `json:"apps"`
+	StagerPID int       `json:"stagerPID,omitempty"`
+	// NetNS is the path of the pod's network namespace reference.
+	NetNS    string    `json:"netns,omitempty"`
+	Created  time.Time `json:"created"`
+	Started  time.Time `json:"started,omitzero"`
+	Finished time.Time `json:"finished,omitzero"`
+	// Error says why a pod is Errored.
+	Error string `json:"error,omitempty"`
+	// Networks holds one entry per attached network (the networking issue
+	// fills it: interface, CNI result).
+	Networks []json.RawMessage `json:"networks,omitempty"`
+}
+
+// IO connects a caller's streams to a process in a pod.
+type IO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer // ignored when TTY is set: the terminal merges them
+	TTY    bool
+	// Resize delivers terminal size changes when TTY is set.
+	Resize <-chan TermSize
+}
+
+// TermSize is a terminal's size in characters.
+type TermSize struct {
+	Rows, Cols uint16
+}
+
+// Manager runs pods. Errors wrap kerrors categories: NotFound for an unknown
+// pod or app, Conflict for a duplicate name or a wrong state (removing a
+// running pod without force), Invalid for a bad spec, Unauthorized for an
+// untrusted stager image.
+type Manager interface {
+	// Create resolves the images, stages the pod and starts it, returning
+	// once the stager has signalled readiness. On any failure every step
+	// already done is rolled back and the error returned.
+	Create(ctx context.Context, spec Spec) (*Pod, error)
+	// Get finds a pod by UUID, unique UUID prefix or name.
+	Get(ctx context.Context, ref string) (*Pod, error)
+	List(ctx context.Context) ([]*Pod, error)
+	// Stop sends SIGTERM to the stager and SIGKILL after grace, then tears
+	// the pod's resources down, keeping its record (state Exited).
+	Stop(ctx context.Context, ref string, grace time.Duration) error
+	// Remove deletes a stopped pod's record and directories; force stops it
+	// first.
+	Remove(ctx context.Context, ref string, force bool) error
+	// Status runs the status call-in.
+	Status(ctx context.Context, ref string) (stagerspec.Status, error)
+	// Exec runs a command in an app through the run call-in and returns its
+	// exit code.
+	Exec(ctx context.Context, ref, app string, s stagerspec.RunSettings, stdio IO) (int, error)
+	// Logs copies an app's log to w through the logs call-in, following it
+	// when follow is set until ctx ends or the app exits.
+	Logs(ctx context.Context, ref, app string, follow bool, w io.Writer) error
+	// Attach connects stdio to an app through the attach call-in until
+	// either side closes.
+	Attach(ctx context.Context, ref, app string, stdio IO) error
+}
