@@ -14,9 +14,11 @@ export PATH := /usr/local/go/bin:$(PATH)
 export CGO_ENABLED ?= 0
 BIN := $(CURDIR)/bin
 # Heavy third-party builds are cached across runs in a folder keyed by a hash
-# of their inputs (go.mod, go.sum and the Go version).
+# of their inputs.
 CACHE_ROOT ?= /var/cache/kurma-build
-TOOLS_KEY := $(shell cat go.mod go.sum 2>/dev/null | { cat; $(GO) version; } | sha256sum | cut -c1-16)
+# The key is the exact module versions the tools are built from, plus the Go
+# version, so unrelated go.mod changes do not force a rebuild.
+TOOLS_KEY := $(shell { $(GO) version; $(GO) list -deps -f '{{with .Module}}{{.Path}}@{{.Version}}{{end}}' $$($(GO) list tool) | sort -u; } | sha256sum | cut -c1-16)
 TOOLS_CACHE := $(CACHE_ROOT)/tools-$(TOOLS_KEY)
 UPSTREAM_CNI := bridge host-local loopback portmap ptp macvlan ipvlan static tuning bandwidth firewall
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
@@ -36,20 +38,21 @@ binaries:
 
 # Upstream CNI plugins and test peers, built once per go.sum and cached.
 tools:
-	@mkdir -p $(BIN)/cni $(BIN)/tools
+	@mkdir -p $(BIN)/cni $(BIN)/tools $(CACHE_ROOT)
 	@if [ ! -f $(TOOLS_CACHE)/.done ]; then \
 	  echo "building pinned upstream tools into $(TOOLS_CACHE)"; \
-	  rm -rf $(TOOLS_CACHE).tmp && mkdir -p $(TOOLS_CACHE).tmp/cni $(TOOLS_CACHE).tmp/tools && \
+	  tmp=$$(mktemp -d $(CACHE_ROOT)/.tmp.XXXXXX) && mkdir -p $$tmp/cni $$tmp/tools && \
 	  for p in $$($(GO) list tool | grep containernetworking/plugins/); do \
-	    $(GO) build -trimpath -o $(TOOLS_CACHE).tmp/cni/$$(basename $$p) $$p || exit 1; done && \
-	  $(GO) build -trimpath -o $(TOOLS_CACHE).tmp/tools/cnitool github.com/containernetworking/cni/cnitool && \
-	  $(GO) build -trimpath -o $(TOOLS_CACHE).tmp/tools/etcd go.etcd.io/etcd/server/v3 && \
-	  touch $(TOOLS_CACHE).tmp/.done && rm -rf $(TOOLS_CACHE) && mv $(TOOLS_CACHE).tmp $(TOOLS_CACHE); \
+	    $(GO) build -trimpath -o $$tmp/cni/$$(basename $$p) $$p || exit 1; done && \
+	  $(GO) build -trimpath -o $$tmp/tools/cnitool github.com/containernetworking/cni/cnitool && \
+	  $(GO) build -trimpath -o $$tmp/tools/etcd go.etcd.io/etcd/server/v3 && \
+	  touch $$tmp/.done && { mv -T $$tmp $(TOOLS_CACHE) 2>/dev/null || rm -rf $$tmp; }; \
 	fi
 	@cp -f $(TOOLS_CACHE)/cni/* $(BIN)/cni/ && cp -f $(TOOLS_CACHE)/tools/* $(BIN)/tools/
 
 # Images built from this repo's programs (see hack/build-images.sh).
-images: binaries
+# (networking: the netplugin image packs bin/cni, hence tools.)
+images: binaries tools
 	@hack/build-images.sh $(BIN)
 
 test: deps build

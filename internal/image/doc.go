@@ -1,7 +1,51 @@
 // Package image is Kurma's content-addressed image store: it fetches images
-// (docker://, file://, http(s)://; OCI layouts, image tarballs and ACIs),
-// verifies signatures where trust is required, extracts layers safely and
-// hands the daemon the ordered layers of an app's filesystem.
+// (docker://, file://, http(s)://; OCI layouts, OCI archives, docker-save
+// tarballs and ACIs, plain or gzip/bzip2/zstd), verifies signatures where
+// trust is required, extracts layers safely (package tarx) and hands the
+// daemon the ordered layers of an app's filesystem.
+//
+// # IDs
+//
+// Every entry is named by an appc image ID, "sha512-<hex>", which is also its
+// directory name under /layers in a stager's root:
+//   - an ACI: sha512 of the whole uncompressed ACI tar (as appc defines it);
+//   - an OCI layer: sha512 of the uncompressed layer tar, computed while
+//     extracting (its sha256 is checked against the config's diffID);
+//   - an OCI image's app entry: sha512 of the raw config blob. The config
+//     lists every layer's diffID, so it pins the filesystem as well as the
+//     run settings; the manifest's bytes vary with compression, the config's
+//     do not, so the same image pulled from a registry, a layout or a
+//     docker-save tarball gets the same ID.
+//
+// # Layout and crash safety
+//
+// See FSStore. Work happens in tmp/ and is renamed into entries/ before
+// index.json is atomically replaced; Open removes tmp/ and any entry the
+// index does not know, so nothing half-written survives a crash.
+//
+// # Locking
+//
+// FSStore.mu guards the in-memory index (entries, refs, leases, the diffID
+// map and the Resolve cache) and serialises index writes and renames into
+// entries/. Network fetches and extraction run without it. Concurrent pulls
+// of one URI, and concurrent extractions of one layer (keyed by diffID),
+// are collapsed with singleflight; commit re-checks under mu so an entry is
+// never written twice. Get, List and Resolve read only memory.
+//
+// # Trust
+//
+// PullOptions.RequireSignature applies the stager rule: a detached ed25519
+// signature at URI+".sig" over the image ID by a key of Options.Keyring, and
+// no dependencies; anything else is kerrors.Unauthorized and stores nothing.
+// See package trust and docs/image-trust.md.
+//
+// # Modules
+//
+// go-containerregistry (already required) needs klauspost/compress,
+// opencontainers/go-digest and image-spec, and docker/cli with
+// docker-credential-helpers (registry credentials) in go.sum; they were
+// added with `go get` of its packages. This package also imports
+// klauspost/compress/zstd directly to read zstd-compressed layers and ACIs.
 //
 // It must not import the pod manager, the API or anything network-related.
 package image

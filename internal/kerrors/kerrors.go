@@ -11,7 +11,20 @@ package kerrors
 import (
 	"errors"
 	"fmt"
-	"net/http"
+)
+
+// HTTP status codes HTTPStatus returns, spelled out so that this leaf does
+// not pull net/http (and crypto/tls with it) into every binary: the
+// stager's call-ins start measurably faster without those package inits.
+const (
+	statusOK                  = 200
+	statusBadRequest          = 400
+	statusUnauthorized        = 401
+	statusNotFound            = 404
+	statusConflict            = 409
+	statusInternalServerError = 500
+	statusServiceUnavailable  = 503
+	statusGatewayTimeout      = 504
 )
 
 // The categories. Each is a sentinel: wrap it, never return it bare when a
@@ -53,21 +66,21 @@ func (e *catError) Unwrap() error { return e.cat }
 func HTTPStatus(err error) int {
 	switch {
 	case err == nil:
-		return http.StatusOK
+		return statusOK
 	case errors.Is(err, NotFound):
-		return http.StatusNotFound
+		return statusNotFound
 	case errors.Is(err, Conflict), errors.Is(err, Exhausted):
-		return http.StatusConflict
+		return statusConflict
 	case errors.Is(err, Invalid):
-		return http.StatusBadRequest
+		return statusBadRequest
 	case errors.Is(err, Unauthorized):
-		return http.StatusUnauthorized
+		return statusUnauthorized
 	case errors.Is(err, Unavailable):
-		return http.StatusServiceUnavailable
+		return statusServiceUnavailable
 	case errors.Is(err, Timeout):
-		return http.StatusGatewayTimeout
+		return statusGatewayTimeout
 	}
-	return http.StatusInternalServerError
+	return statusInternalServerError
 }
 
 // Type names the category for JSON error bodies ("NotFound", "Conflict"...);

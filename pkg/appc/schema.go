@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // Schema versions Kurma writes.
@@ -129,24 +130,27 @@ type Volume struct {
 	ReadOnly *bool  `json:"readOnly,omitempty"`
 }
 
+// The patterns are compiled on first use, not at package init: short-lived
+// programs that import this package (the stager's call-ins) never pay for
+// the ones they do not use.
 var (
-	imageIDRe = regexp.MustCompile(`^sha512-[0-9a-f]{32,128}$`)
-	acNameRe  = regexp.MustCompile(`^[a-z0-9]+([-a-z0-9]*[a-z0-9])?$`)
-	envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	imageIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha512-[0-9a-f]{32,128}$`) })
+	acNameRe  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]+([-a-z0-9]*[a-z0-9])?$`) })
+	envNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
 )
 
 // ValidImageID reports whether id is an appc image ID ("sha512-" and lower
 // hex). Image IDs become directory names (/layers/<id>), so nothing else is
 // accepted.
-func ValidImageID(id string) bool { return imageIDRe.MatchString(id) }
+func ValidImageID(id string) bool { return imageIDRe().MatchString(id) }
 
 // ValidACName reports whether s is an appc AC Name (lower-case letters,
 // digits and inner dashes): the form of app and volume names, which become
 // directory names.
-func ValidACName(s string) bool { return len(s) <= 253 && acNameRe.MatchString(s) }
+func ValidACName(s string) bool { return len(s) <= 253 && acNameRe().MatchString(s) }
 
 // ValidEnvName reports whether s is a POSIX environment variable name.
-func ValidEnvName(s string) bool { return envNameRe.MatchString(s) }
+func ValidEnvName(s string) bool { return envNameRe().MatchString(s) }
 
 // Validate checks what Kurma relies on in an image manifest.
 func (m *ImageManifest) Validate() error {

@@ -1,0 +1,86 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"kurma.dev/kurma/internal/controller/store"
+	"kurma.dev/kurma/internal/kerrors"
+)
+
+// Store keys. Ids are validated (validID) before they become key segments.
+func projectKey(pid string) string      { return "projects/" + pid }
+func vpcKey(pid, id string) string      { return "vpcs/" + pid + "/" + id }
+func vniKey(vni uint32) string          { return fmt.Sprintf("vni/%08d", vni) }
+func subnetKey(pid, id string) string   { return "subnets/" + pid + "/" + id }
+func ipamPrefix(pid, sid string) string { return "ipam/" + pid + "/" + sid + "/" }
+func blockKey(pid, sid string, blk int) string {
+	return fmt.Sprintf("%s%06d", ipamPrefix(pid, sid), blk)
+}
+func portKey(pid, id string) string        { return "ports/" + pid + "/" + id }
+func macKey(mac string) string             { return "macs/" + mac }
+func hostIdxKey(h, pid, id string) string  { return "idx/host/" + h + "/" + pid + "/" + id }
+func devIdxKey(pid, dev, id string) string { return "idx/dev/" + pid + "/" + dev + "/" + id }
+func nameIdxKey(pid, n, id string) string  { return "idx/name/" + pid + "/" + n + "/" + id }
+func hostKey(id string) string             { return "hosts/" + id }
+
+// getJSON reads key into v; NotFound names kind and id.
+func (s *Server) getJSON(ctx context.Context, key, kind, id string, v any) (int64, error) {
+	kv, err := s.st.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, kerrors.NotFound) {
+			return 0, kerrors.New(kerrors.NotFound, "%s %q not found", kind, id)
+		}
+		return 0, fmt.Errorf("get %s %s: %w", kind, id, err)
+	}
+	if err := json.Unmarshal(kv.Value, v); err != nil {
+		return 0, fmt.Errorf("decode stored %s %s: %w", kind, id, err)
+	}
+	return kv.ModRev, nil
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", v, err)) // only plain structs are marshalled
+	}
+	return b
+}
+
+func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// txnFailedOn reports whether err is a transaction failure on key.
+func txnFailedOn(err error, key string) bool {
+	var te *store.TxnError
+	if !errors.As(err, &te) {
+		return false
+	}
+	return (te.Cond != nil && te.Cond.Key == key) || (te.Op != nil && te.Op.Key == key)
+}
+
+// requireProject checks that project pid exists (positive answers cached;
+// writes under a project still carry a store condition on it).
+func (s *Server) requireProject(ctx context.Context, pid string) error {
+	if err := validID("project", pid); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	ok := s.projects[pid]
+	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	if _, err := s.st.Get(ctx, projectKey(pid)); err != nil {
+		if errors.Is(err, kerrors.NotFound) {
+			return kerrors.New(kerrors.NotFound, "project %q not found", pid)
+		}
+		return fmt.Errorf("get project %s: %w", pid, err)
+	}
+	s.mu.Lock()
+	s.projects[pid] = true
+	s.mu.Unlock()
+	return nil
+}

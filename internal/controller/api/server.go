@@ -1,0 +1,246 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kurma.dev/kurma/internal/controller/ipam"
+	"kurma.dev/kurma/internal/controller/store"
+	"kurma.dev/kurma/internal/kerrors"
+	capi "kurma.dev/kurma/pkg/controllerapi"
+)
+
+// Config configures a Server.
+type Config struct {
+	Store  store.Store
+	Token  string // empty: no auth (the command only allows that on loopback)
+	Logger *slog.Logger
+	// MaxWait caps long-poll timeouts (default 5m).
+	MaxWait time.Duration
+}
+
+// Server serves the controller API. Create with New, start its background
+// work with Run, serve Handler.
+type Server struct {
+	st      store.Store
+	token   []byte
+	log     *slog.Logger
+	maxWait time.Duration
+	mux     *http.ServeMux
+	metrics *metrics
+	waiters *waiters
+	macs    *ipam.MACGen
+
+	mu       sync.Mutex
+	subnets  map[string]*subnetEntry // guarded by mu; key: store key of the subnet
+	projects map[string]bool         // guarded by mu; projects known to exist
+}
+
+// subnetEntry caches a subnet and its address tracker.
+type subnetEntry struct {
+	wire    capi.Subnet
+	vpc     capi.VPC
+	sub     *ipam.Subnet
+	tracker *ipam.Tracker
+
+	loadMu sync.Mutex // serialises (re)loads of the tracker
+	loaded bool       // guarded by loadMu
+}
+
+// New builds a server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, kerrors.New(kerrors.Invalid, "no store")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 5 * time.Minute
+	}
+	s := &Server{
+		st:       cfg.Store,
+		log:      cfg.Logger,
+		maxWait:  cfg.MaxWait,
+		mux:      http.NewServeMux(),
+		metrics:  newMetrics(),
+		waiters:  newWaiters(),
+		macs:     ipam.NewMACGen(),
+		subnets:  map[string]*subnetEntry{},
+		projects: map[string]bool{},
+	}
+	if cfg.Token != "" {
+		s.token = []byte(cfg.Token)
+	}
+	s.routes()
+	return s, nil
+}
+
+// Registry exposes the server's metrics registry.
+func (s *Server) Registry() *prometheus.Registry { return s.metrics.reg }
+
+// Run runs background work (the port-change feed behind long polls and
+// the ports-by-status gauge) until ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	s.feed(ctx)
+}
+
+func (s *Server) routes() {
+	h := func(pattern, route string, fn func(http.ResponseWriter, *http.Request) error) {
+		s.mux.Handle(pattern, s.instrument(route, fn))
+	}
+	h("POST /projects", "projects", s.createProject)
+	h("GET /projects", "projects", s.listProjects)
+	h("GET /projects/{id}", "project", s.getProject)
+	h("DELETE /projects/{id}", "project", s.deleteProject)
+
+	h("POST /project/{pid}/vpcs", "vpcs", s.createVPC)
+	h("GET /project/{pid}/vpcs", "vpcs", s.listVPCs)
+	h("GET /project/{pid}/vpcs/{id}", "vpc", s.getVPC)
+	h("DELETE /project/{pid}/vpcs/{id}", "vpc", s.deleteVPC)
+
+	h("POST /project/{pid}/subnets", "subnets", s.createSubnet)
+	h("GET /project/{pid}/subnets", "subnets", s.listSubnets)
+	h("GET /project/{pid}/subnets/{id}", "subnet", s.getSubnet)
+	h("DELETE /project/{pid}/subnets/{id}", "subnet", s.deleteSubnet)
+
+	h("POST /project/{pid}/ports", "ports", s.createPorts)
+	h("GET /project/{pid}/ports", "ports", s.listPorts)
+	h("GET /project/{pid}/ports/{id}", "port", s.getPort)
+	h("DELETE /project/{pid}/ports/{id}", "port", s.deletePort)
+	h("PUT /project/{pid}/ports/{id}/status", "port_status", s.setPortStatus)
+
+	h("PUT /hosts/{id}", "host", s.putHost)
+	h("GET /hosts", "hosts", s.listHosts)
+	h("GET /hosts/{id}", "host", s.getHost)
+	h("DELETE /hosts/{id}", "host", s.deleteHost)
+
+	h("GET /watch/ports", "watch_ports", s.watchPorts)
+	h("GET /watch/hosts", "watch_hosts", s.watchHosts)
+
+	s.mux.Handle("GET /metrics", s.authOnly(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.st.Rev(r.Context()); err != nil {
+			writeError(w, err)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, kerrors.New(kerrors.Unauthorized, "missing or wrong bearer token"))
+			return
+		}
+		writeError(w, kerrors.New(kerrors.NotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// Handler returns the HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+func (s *Server) authorized(r *http.Request) bool {
+	if s.token == nil {
+		return true
+	}
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(tok), s.token) == 1
+}
+
+func (s *Server) authOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, kerrors.New(kerrors.Unauthorized, "missing or wrong bearer token"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(c int) {
+	if w.code == 0 {
+		w.code = c
+	}
+	w.ResponseWriter.WriteHeader(c)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) instrument(route string, fn func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		var err error
+		if !s.authorized(r) {
+			err = kerrors.New(kerrors.Unauthorized, "missing or wrong bearer token")
+		} else {
+			err = fn(sw, r)
+		}
+		if err != nil {
+			if sw.code == 0 {
+				writeError(sw, err)
+			}
+			lvl := slog.LevelDebug
+			if kerrors.HTTPStatus(err) >= 500 {
+				lvl = slog.LevelError
+			}
+			s.log.Log(r.Context(), lvl, "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		}
+		code := sw.code
+		if code == 0 {
+			code = http.StatusOK
+		}
+		s.metrics.observe(route, r.Method, code, time.Since(start))
+	})
+}
+
+// writeJSON writes v with status code.
+func writeJSON(w http.ResponseWriter, code int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode response: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+	return nil
+}
+
+// writeError writes the JSON error body for err.
+func writeError(w http.ResponseWriter, err error) {
+	code := kerrors.HTTPStatus(err)
+	typ := kerrors.Type(err)
+	if errors.Is(err, store.ErrCompacted) {
+		code, typ = http.StatusGone, "Gone"
+	}
+	if code == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kurma-controller"`)
+	}
+	msg := err.Error()
+	if code == http.StatusInternalServerError {
+		msg = "internal error: " + msg
+	}
+	_ = writeJSON(w, code, capi.ErrorBody{Error: capi.ErrorDetail{Type: typ, Message: msg}})
+}

@@ -1,0 +1,6 @@
+// Package storetest is the conformance suite every store.Store backend
+// must pass (boltstore and etcdstore run it from their tests). It is
+// imported only by _test.go files.
+//
+// Must not import internal/controller/api or ipam.
+package storetest

@@ -1,0 +1,8 @@
+// Package acibuild writes ACIs and plain layer tarballs from host files,
+// deterministically (sorted walk, fixed owner 0:0 and modification time),
+// so an image built twice from the same inputs has the same ID. It backs
+// cmd/kurma-acbuild and the image tests.
+//
+// A Builder is not safe for concurrent use. This package must not import
+// the image store; it may import pkg/appc and internal/kerrors.
+package acibuild

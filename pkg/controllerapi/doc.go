@@ -1,0 +1,16 @@
+// Package controllerapi holds the wire types and the Go client of the Kurma
+// network controller's REST API (docs/controller-api.md). The paths follow
+// spec 003 exactly ("project/<pid>/ports", no /v1 prefix) and every body wraps
+// its object in a key named after it, Neutron style: {"port":{...}},
+// {"ports":[...]}, {"subnet":{...}}.
+//
+// The controller (internal/controller/...), the host agent and the mizarmp
+// CNI plugin all build on this package, so changes must be additive: new
+// optional fields and new methods only.
+//
+// Locking: a Client is safe for concurrent use; it holds no mutable state
+// beyond its http.Client.
+//
+// This package must not import any Kurma package other than
+// internal/kerrors.
+package controllerapi
