@@ -1,0 +1,139 @@
+// Command kurma-agent is the per-host network agent: it registers the host
+// with the Kurma controller and plugs the ports bound to it (see
+// internal/agent for the reconciler, internal/agent/datapath for the
+// kernel side).
+//
+// It exits 0 on SIGTERM/SIGINT, leaving every port in place: a restarted
+// agent adopts them. One agent per host: a lock file in --state-dir
+// refuses a second one.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/agent"
+	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kurma-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		controllerURL = flag.String("controller", "http://127.0.0.1:9696", "controller base URL")
+		token         = flag.String("token", "", "bearer token for the controller")
+		tokenFile     = flag.String("token-file", "", "file holding the bearer token (overrides --token)")
+		hostID        = flag.String("host-id", "", "this host's id (binding:host_id of its ports); default the hostname")
+		underlayIP    = flag.String("underlay-ip", "", "this host's VXLAN endpoint address (required)")
+		underlayDev   = flag.String("underlay-dev", "", "device carrying VXLAN traffic (optional)")
+		stateDir      = flag.String("state-dir", "/var/lib/kurma-agent", "directory for the agent's lock file")
+		prefix        = flag.String("link-prefix", "ka", "prefix of every link the agent creates (1-5 characters)")
+		nftTable      = flag.String("nft-table", "kurma-agent", "name of the agent's nftables inet table")
+		mtu           = flag.Int("mtu", 0, "MTU of pod interfaces (default: underlay MTU - 50)")
+		workers       = flag.Int("workers", 4, "ports synced in parallel")
+		resync        = flag.Duration("resync", 30*time.Second, "period of the full level check")
+		forwarding    = flag.Bool("ip-forward", true, "enable IP forwarding (routing between a VPC's subnets)")
+		verbose       = flag.Bool("v", false, "debug logging")
+	)
+	flag.Parse()
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if *hostID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("--host-id not given and no hostname: %w", err)
+		}
+		*hostID = h
+	}
+	ip := net.ParseIP(*underlayIP)
+	if ip == nil {
+		return fmt.Errorf("--underlay-ip %q: want an IP address", *underlayIP)
+	}
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		*token = strings.TrimSpace(string(b))
+	}
+	unlock, err := lockStateDir(*stateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	var opts []controllerapi.Option
+	if *token != "" {
+		opts = append(opts, controllerapi.WithToken(*token))
+	}
+	client, err := controllerapi.New(*controllerURL, opts...)
+	if err != nil {
+		return err
+	}
+	dp, err := datapath.New(ctx, datapath.Config{
+		Prefix: *prefix, UnderlayIP: ip, UnderlayDev: *underlayDev, MTU: *mtu,
+		NFTTable: *nftTable, Forwarding: *forwarding, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	a, err := agent.New(agent.Config{
+		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
+		Workers: *workers, Resync: *resync, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("kurma-agent starting", "host", *hostID, "controller", *controllerURL, "underlay_ip", ip)
+	err = a.Run(ctx)
+	log.Info("kurma-agent stopped", "err", err)
+	return err
+}
+
+// lockStateDir takes an exclusive lock on <dir>/agent.lock so that two
+// agents never program the same host.
+func lockStateDir(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("--state-dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "agent.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("--state-dir: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another kurma-agent holds %s", f.Name())
+		}
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	_ = f.Truncate(0)
+	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
+	return func() { _ = f.Close() }, nil
+}

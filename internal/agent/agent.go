@@ -1,0 +1,278 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// Controller is the part of the controller API the agent uses;
+// *controllerapi.Client implements it.
+type Controller interface {
+	RegisterHost(ctx context.Context, h controllerapi.Host) (*controllerapi.Host, error)
+	SetPortStatus(ctx context.Context, projectID, id, status, reason string) (*controllerapi.Port, error)
+	GetSubnet(ctx context.Context, projectID, id string) (*controllerapi.Subnet, error)
+	WatchPorts(ctx context.Context, since int64, hostID string) iter.Seq2[controllerapi.Event, error]
+	WatchHosts(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error]
+}
+
+// goneWatcher is implemented by datapaths that report vanished ports.
+type goneWatcher interface {
+	WatchGone(ctx context.Context, gone func(portID string)) error
+}
+
+// Config configures an Agent.
+type Config struct {
+	HostID     string
+	UnderlayIP net.IP
+	Controller Controller
+	Datapath   datapath.Interface
+	// Workers is the number of keys synced in parallel; default 4.
+	Workers int
+	// Resync is the period of the full level check (orphans, vanished
+	// namespaces); default 30s.
+	Resync time.Duration
+	// BackoffBase and BackoffMax bound the retry delay of a failing key
+	// and of a broken watch; defaults 50ms and 10s.
+	BackoffBase, BackoffMax time.Duration
+	Logger                  *slog.Logger
+}
+
+// Agent reconciles this host's datapath with the controller. Build it with
+// New and call Run once.
+type Agent struct {
+	cfg Config
+	dp  datapath.Interface
+	c   Controller
+	log *slog.Logger
+	q   *queue
+
+	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, synced
+	ports    map[string]*controllerapi.Port   // every port the controller has, by id
+	hosts    map[string]net.IP                // underlay address by host id
+	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
+	ready    map[uint32]bool                  // VPCs whose remotes are programmed
+	gateways map[uint32]map[string]bool       // gateways each VPC was last ensured with
+	synced   chan struct{}                    // closed after the first port list
+
+	vpcMu    sync.Mutex               // guards vpcLocks
+	vpcLocks map[uint32]*sync.RWMutex // one per VNI: shared by plugs, exclusive for VPC changes
+}
+
+// New checks cfg and returns an agent.
+func New(cfg Config) (*Agent, error) {
+	if cfg.HostID == "" || strings.ContainsAny(cfg.HostID, "/ \t\n") {
+		return nil, kerrors.New(kerrors.Invalid, "agent: host id %q: want a non-empty word", cfg.HostID)
+	}
+	if cfg.UnderlayIP == nil || cfg.UnderlayIP.IsUnspecified() {
+		return nil, kerrors.New(kerrors.Invalid, "agent: an underlay IP is required")
+	}
+	if cfg.Controller == nil || cfg.Datapath == nil {
+		return nil, kerrors.New(kerrors.Invalid, "agent: a controller client and a datapath are required")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 30 * time.Second
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = 50 * time.Millisecond
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Agent{
+		cfg: cfg, dp: cfg.Datapath, c: cfg.Controller, log: cfg.Logger,
+		q:     newQueue(cfg.BackoffBase, cfg.BackoffMax),
+		ports: map[string]*controllerapi.Port{}, hosts: map[string]net.IP{},
+		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
+		gateways: map[uint32]map[string]bool{},
+		synced:   make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
+	}, nil
+}
+
+func (a *Agent) isSynced() bool {
+	select {
+	case <-a.synced:
+		return true
+	default:
+		return false
+	}
+}
+
+// Synced is closed once the agent has listed every port and queued the
+// first full sync.
+func (a *Agent) Synced() <-chan struct{} { return a.synced }
+
+// Run registers the host, then watches and reconciles until ctx ends. It
+// returns nil on cancellation. Kernel state is left in place on exit: a
+// restarted agent adopts it.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.dp.Cleanup(ctx); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if err := a.register(ctx); err != nil {
+		return err
+	}
+	if w, ok := a.dp.(goneWatcher); ok {
+		// A host end that vanishes (its namespace was deleted) is synced
+		// at once instead of at the next resync.
+		if err := w.WatchGone(ctx, func(id string) { a.q.Add(portKey(id)) }); err != nil {
+			a.log.Warn("no link events; relying on resync", "err", err)
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer a.q.Shutdown()
+	wg.Go(func() { a.watchHosts(ctx) })
+	wg.Go(func() { a.watchPorts(ctx) })
+	for range a.cfg.Workers {
+		wg.Go(func() { a.work(ctx) })
+	}
+	t := time.NewTicker(a.cfg.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			a.resync(ctx)
+		}
+	}
+}
+
+// register announces this host until the controller accepts it.
+func (a *Agent) register(ctx context.Context) error {
+	h := controllerapi.Host{ID: a.cfg.HostID, UnderlayIP: a.cfg.UnderlayIP.String()}
+	delay := a.cfg.BackoffBase
+	for {
+		_, err := a.c.RegisterHost(ctx, h)
+		if err == nil {
+			a.log.Info("registered host", "host", h.ID, "underlay_ip", h.UnderlayIP)
+			return nil
+		}
+		if errors.Is(err, kerrors.Invalid) || errors.Is(err, kerrors.Unauthorized) {
+			return fmt.Errorf("agent: register host %s: %w", h.ID, err)
+		}
+		a.log.Warn("register host failed; retrying", "err", err, "in", delay)
+		if !sleep(ctx, delay) {
+			return nil
+		}
+		delay = min(delay*2, a.cfg.BackoffMax)
+	}
+}
+
+func (a *Agent) work(ctx context.Context) {
+	for {
+		key, ok := a.q.Get()
+		if !ok {
+			return
+		}
+		err := a.sync(ctx, key)
+		a.q.Done(key)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			a.q.Forget(key)
+		default:
+			d := a.q.Retry(key)
+			a.log.Warn("sync failed; retrying", "key", key, "err", err, "in", d)
+		}
+	}
+}
+
+func (a *Agent) sync(ctx context.Context, key string) error {
+	kind, id, _ := strings.Cut(key, "/")
+	switch kind {
+	case "p":
+		return a.syncPort(ctx, id)
+	case "v":
+		vni, err := strconv.ParseUint(id, 10, 32)
+		if err != nil {
+			return nil // not a key we make
+		}
+		return a.syncVPC(ctx, uint32(vni))
+	}
+	return nil
+}
+
+func portKey(id string) string                      { return "p/" + id }
+func vpcKey(vni uint32) string                      { return "v/" + strconv.FormatUint(uint64(vni), 10) }
+func (a *Agent) isLocal(p *controllerapi.Port) bool { return p.BindingHostID == a.cfg.HostID }
+
+// vpcLock returns the mutex that serialises work on one VPC.
+func (a *Agent) vpcLock(vni uint32) *sync.RWMutex {
+	a.vpcMu.Lock()
+	defer a.vpcMu.Unlock()
+	m := a.vpcLocks[vni]
+	if m == nil {
+		m = &sync.RWMutex{}
+		a.vpcLocks[vni] = m
+	}
+	return m
+}
+
+// resync enqueues every local port, every VPC with local ports, and every
+// port and VPC the datapath owns (orphans are removed by their sync).
+func (a *Agent) resync(ctx context.Context) {
+	if !a.isSynced() {
+		return // until the first list, the cache cannot tell orphans
+	}
+	a.mu.Lock()
+	var keys []string
+	vnis := map[uint32]bool{}
+	for id, p := range a.ports {
+		if a.isLocal(p) {
+			keys = append(keys, portKey(id))
+			vnis[p.VNI] = true
+		}
+	}
+	a.mu.Unlock()
+	for _, k := range keys {
+		a.q.Add(k)
+	}
+	for vni := range vnis {
+		a.q.Add(vpcKey(vni))
+	}
+	owned, err := a.dp.ListPorts(ctx)
+	if err != nil {
+		a.log.Warn("resync: list plugged ports", "err", err)
+	}
+	for _, o := range owned {
+		a.q.Add(portKey(o.ID))
+	}
+	vpcs, err := a.dp.ListVPCs(ctx)
+	if err != nil {
+		a.log.Warn("resync: list vpcs", "err", err)
+	}
+	for _, vni := range vpcs {
+		a.q.Add(vpcKey(vni))
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+var _ Controller = (*controllerapi.Client)(nil)

@@ -1,0 +1,50 @@
+// Package datapath owns the host agent's kernel state: the veth pair of each
+// port (host end named after the port id, container end moved into the
+// port's network namespace), one bridge and one VXLAN device per VPC, the
+// static FDB and neighbour entries that point remote ports at their hosts,
+// and one nftables table that isolates VPCs from each other.
+//
+// Everything here goes through vishvananda/netlink handles bound to a
+// namespace (netlink.NewHandleAt) or runs inside ns.Do on a locked OS
+// thread (sysctl writes, the nft binary); dumps go through the retry
+// wrappers in nlsafe.go, and a test forbids the raw list calls elsewhere.
+//
+// Ownership is provable, so reconciliation never touches foreign objects:
+// every link we create has a name derived from what it serves (prefix +
+// "p" + hash of the port id, prefix + "b"/"v" + VNI) AND an alias that
+// names the owner and the full id ("kurma-agent:port:<id>",
+// "kurma-agent:vpc:<vni>"). A link counts as ours only when both match.
+// FDB and neighbour entries are owned by living on our VXLAN device; nft
+// rules live in our own table and carry an owner comment. The kernel
+// ignores an alias in a link-creation request, so a crash can fall between
+// creating a link and aliasing it; every link we create therefore gets, in
+// the creation request itself, a signature MAC derived from owner, VTEP
+// and name (sigMAC). A link with our prefix, no alias and its signature
+// MAC is an interrupted creation of ours: Cleanup removes such links at
+// start, EnsureVPC adopts such a bridge or VXLAN device. Bridges keep the
+// signature MAC for life, so a gateway's MAC never changes and differs
+// between hosts.
+//
+// Isolation: the kernel this runs on may lack VRF support (the CI kernel
+// has none), so VPCs are isolated with nftables instead: the forward hook
+// drops any packet that enters a VPC bridge and leaves through a different
+// interface, or the reverse. Traffic inside one VPC (bridged, or routed
+// between its subnets on the same bridge) passes; packets routed between
+// two VPC bridges, or between a VPC and the host's other links, are
+// dropped. ARP for the gateway (the same address on every host) is never
+// flooded across hosts: the VXLAN device has no all-zero FDB entry, learns
+// nothing, and answers ARP itself ("proxy") from the static neighbour
+// entries of remote ports. VPCs may use overlapping CIDRs: pod-to-pod
+// traffic inside a VPC is bridged, so it never meets the host's routing
+// table (TestOverlappingVPCs); what stays ambiguous without VRFs is
+// routing by the host itself (between two subnets of one VPC whose CIDR
+// another VPC on the same host also uses).
+//
+// Locking: a Datapath holds no mutable state besides its netlink handle
+// (safe for concurrent use) and a mutex that serialises nft transactions
+// (nftMu). Callers serialise operations on the same port id and on the
+// same VPC; different ports may be plugged concurrently.
+//
+// This package must not import the controller (internal/controller/...)
+// or pkg/controllerapi: it speaks only in its own PortSpec/VPCSpec types.
+package datapath

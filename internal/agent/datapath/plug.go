@@ -1,0 +1,446 @@
+package datapath
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/kerrors"
+)
+
+// Validate checks a PortSpec before anything is created.
+func (p PortSpec) Validate() error {
+	if err := ValidatePortID(p.ID); err != nil {
+		return err
+	}
+	if err := ValidateIfName(p.IfName); err != nil {
+		return fmt.Errorf("port %s: %w", p.ID, err)
+	}
+	if p.VNI == 0 || p.VNI > MaxVNI {
+		return kerrors.New(kerrors.Invalid, "port %s: vni %d out of range 1-%d", p.ID, p.VNI, MaxVNI)
+	}
+	if len(p.MAC) != 6 || p.MAC[0]&1 != 0 || isZeroMAC(p.MAC) {
+		return kerrors.New(kerrors.Invalid, "port %s: mac %q is not a unicast ethernet address", p.ID, p.MAC)
+	}
+	if p.NetNS == "" {
+		return kerrors.New(kerrors.Invalid, "port %s: no network namespace", p.ID)
+	}
+	if len(p.Addrs) == 0 {
+		return kerrors.New(kerrors.Invalid, "port %s: no address", p.ID)
+	}
+	for _, a := range p.Addrs {
+		if a.Addr.IP == nil || a.Addr.Mask == nil || !a.Addr.Contains(a.Addr.IP) {
+			return kerrors.New(kerrors.Invalid, "port %s: bad address %v", p.ID, a.Addr)
+		}
+		if a.Gateway != nil && !a.Addr.Contains(a.Gateway) {
+			return kerrors.New(kerrors.Invalid, "port %s: gateway %s outside %s", p.ID, a.Gateway, a.Addr.String())
+		}
+	}
+	return nil
+}
+
+func isZeroMAC(m net.HardwareAddr) bool {
+	for _, b := range m {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Plug creates the port's veth pair (or repairs an existing one), moves
+// the container end into the pod namespace, configures it and attaches the
+// host end to the VPC's bridge. It never creates a second link for a port:
+// an existing host end whose peer is still in place is reused.
+func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
+	if err := checkCtx(ctx); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	br, err := d.ownedLink(d.names.bridge(p.VNI), d.names.vpcAlias(p.VNI))
+	if err != nil {
+		return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
+	}
+	ph, nsh, err := podHandle(p.NetNS)
+	if err != nil {
+		return fmt.Errorf("plug port %s: %w", p.ID, err)
+	}
+	defer nsh.Close()
+	defer ph.Close()
+
+	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
+	host, err := d.h.LinkByName(hostName)
+	switch {
+	case err == nil && host.Attrs().Alias != alias && d.interrupted(host):
+		// A creation a crash cut short: remove it (its peer goes too).
+		if err := d.h.LinkDel(host); err != nil && !isNotFound(err) {
+			return fmt.Errorf("plug port %s: remove interrupted %s: %w", p.ID, hostName, err)
+		}
+		host = nil
+	case err == nil && host.Attrs().Alias != alias:
+		return kerrors.New(kerrors.Conflict, "plug port %s: link %s exists and is not ours (alias %q)", p.ID, hostName, host.Attrs().Alias)
+	case err != nil && !isNotFound(err):
+		return fmt.Errorf("plug port %s: %w", p.ID, err)
+	}
+	pod, perr := ph.LinkByName(p.IfName)
+	if perr != nil && !isNotFound(perr) {
+		return fmt.Errorf("plug port %s: %w", p.ID, perr)
+	}
+	// The container end is ours when it has our alias, or when it has none
+	// yet but is the peer of our host end (a crash between the two alias
+	// writes).
+	podOurs := perr == nil && (pod.Attrs().Alias == alias || (pod.Attrs().Alias == "" && host != nil &&
+		pod.Attrs().ParentIndex == host.Attrs().Index && host.Attrs().ParentIndex == pod.Attrs().Index))
+	if perr == nil && !podOurs {
+		return kerrors.New(kerrors.Conflict, "plug port %s: %s already exists in %s and is not ours", p.ID, p.IfName, p.NetNS)
+	}
+	if host != nil && !podOurs {
+		// The host end survived but its peer is not where the port wants
+		// it (the namespace was replaced): start over.
+		if err := d.h.LinkDel(host); err != nil && !isNotFound(err) {
+			return fmt.Errorf("plug port %s: remove stale %s: %w", p.ID, hostName, err)
+		}
+		host = nil
+	}
+	if host == nil && podOurs {
+		// A container end without its host end cannot be a veth we made
+		// whole; remove it and start over.
+		if err := ph.LinkDel(pod); err != nil && !isNotFound(err) {
+			return fmt.Errorf("plug port %s: remove stale %s: %w", p.ID, p.IfName, err)
+		}
+		pod = nil
+	}
+	fresh := host == nil
+	if fresh {
+		veth := &netlink.Veth{
+			LinkAttrs: netlink.LinkAttrs{Name: hostName, MTU: d.mtu, MasterIndex: br.Attrs().Index,
+				HardwareAddr: d.sigMAC(hostName)},
+			PeerName:         p.IfName,
+			PeerNamespace:    netlink.NsFd(int(nsh)),
+			PeerHardwareAddr: p.MAC,
+			PeerMTU:          uint32(d.mtu),
+		}
+		if !p.AdminDown {
+			veth.Flags = net.FlagUp
+		}
+		if err := d.h.LinkAdd(veth); err != nil {
+			return fmt.Errorf("plug port %s: create veth %s: %w", p.ID, hostName, err)
+		}
+		defer func() {
+			if retErr != nil {
+				d.rollbackLink(hostName)
+			}
+		}()
+		// LinkAdd filled in the index; name, MTU, MAC, master and up were
+		// all part of the creation, only the alias is left.
+		if err := d.h.LinkSetAlias(veth, alias); err != nil {
+			return fmt.Errorf("plug port %s: alias %s: %w", p.ID, hostName, err)
+		}
+	}
+	if err := configurePod(ph, p, alias, d.mtu, fresh); err != nil {
+		return fmt.Errorf("plug port %s: %w", p.ID, err)
+	}
+	if !fresh {
+		if err := d.configureHost(host, br, alias, !p.AdminDown); err != nil {
+			return fmt.Errorf("plug port %s: %w", p.ID, err)
+		}
+	}
+	return nil
+}
+
+// rollbackLink deletes a link we just created, logging (not returning) a
+// failure: the caller already has the error that matters.
+func (d *Datapath) rollbackLink(name string) {
+	l, err := d.h.LinkByName(name)
+	if err == nil {
+		err = d.h.LinkDel(l)
+	}
+	if err != nil && !isNotFound(err) {
+		d.log.Warn("rollback: remove link", "link", name, "err", err)
+	}
+}
+
+func (d *Datapath) configureHost(host, br netlink.Link, alias string, up bool) error {
+	a := host.Attrs()
+	if a.Alias != alias {
+		if err := d.h.LinkSetAlias(host, alias); err != nil {
+			return fmt.Errorf("alias %s: %w", a.Name, err)
+		}
+	}
+	if a.MTU != d.mtu {
+		if err := d.h.LinkSetMTU(host, d.mtu); err != nil {
+			return fmt.Errorf("mtu %s: %w", a.Name, err)
+		}
+	}
+	if a.MasterIndex != br.Attrs().Index {
+		if err := d.h.LinkSetMasterByIndex(host, br.Attrs().Index); err != nil {
+			return fmt.Errorf("attach %s to %s: %w", a.Name, br.Attrs().Name, err)
+		}
+	}
+	if err := setUp(d.h, host, up); err != nil {
+		return fmt.Errorf("%s: %w", a.Name, err)
+	}
+	return nil
+}
+
+// setUp brings l up or down unless it already is.
+func setUp(h *netlink.Handle, l netlink.Link, up bool) error {
+	is := l.Attrs().Flags&net.FlagUp != 0
+	switch {
+	case up && !is:
+		if err := h.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set up: %w", err)
+		}
+	case !up && is:
+		if err := h.LinkSetDown(l); err != nil {
+			return fmt.Errorf("set down: %w", err)
+		}
+	}
+	return nil
+}
+
+// configurePod sets the container end's alias, MAC, MTU, addresses and
+// default routes and brings it up. Addresses it does not want are removed
+// (the link is ours); link-local addresses are left alone.
+func configurePod(h *netlink.Handle, p PortSpec, alias string, mtu int, fresh bool) error {
+	l, err := h.LinkByName(p.IfName)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", p.IfName, p.NetNS, err)
+	}
+	a := l.Attrs()
+	if a.Alias != alias {
+		if err := h.LinkSetAlias(l, alias); err != nil {
+			return fmt.Errorf("alias %s: %w", p.IfName, err)
+		}
+	}
+	if a.HardwareAddr.String() != p.MAC.String() {
+		if err := h.LinkSetHardwareAddr(l, p.MAC); err != nil {
+			return fmt.Errorf("mac %s: %w", p.IfName, err)
+		}
+	}
+	if a.MTU != mtu {
+		if err := h.LinkSetMTU(l, mtu); err != nil {
+			return fmt.Errorf("mtu %s: %w", p.IfName, err)
+		}
+	}
+	if fresh {
+		for _, w := range p.Addrs {
+			if err := addAddr(h, l, w.Addr, unix.IFA_F_NODAD); err != nil {
+				return fmt.Errorf("%s: %w", p.IfName, err)
+			}
+		}
+	} else if err := syncAddrs(h, l, addrNets(p.Addrs), unix.IFA_F_NODAD); err != nil {
+		return fmt.Errorf("%s: %w", p.IfName, err)
+	}
+	if err := setUp(h, l, !p.AdminDown); err != nil {
+		return fmt.Errorf("%s: %w", p.IfName, err)
+	}
+	if p.AdminDown {
+		return nil // a link that is down takes no routes
+	}
+	done := map[bool]bool{} // by "is IPv4": one default route per family
+	for _, pa := range p.Addrs {
+		if pa.Gateway == nil {
+			continue
+		}
+		v4 := pa.Gateway.To4() != nil
+		if done[v4] {
+			continue
+		}
+		done[v4] = true
+		r := &netlink.Route{LinkIndex: a.Index, Gw: pa.Gateway, Scope: netlink.SCOPE_UNIVERSE}
+		if v4 {
+			r.Dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+		} else {
+			r.Dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+		}
+		if err := h.RouteReplace(r); err != nil {
+			return fmt.Errorf("default route via %s: %w", pa.Gateway, err)
+		}
+	}
+	return nil
+}
+
+func addrNets(as []PortAddr) []net.IPNet {
+	out := make([]net.IPNet, 0, len(as))
+	for _, a := range as {
+		out = append(out, a.Addr)
+	}
+	return out
+}
+
+// syncAddrs makes the global addresses of l exactly want.
+func syncAddrs(h *netlink.Handle, l netlink.Link, want []net.IPNet, flags int) error {
+	have, err := addrList(h, l, netlink.FAMILY_ALL)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, w := range want {
+		keep[w.String()] = false
+	}
+	for _, a := range have {
+		if a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		s := a.IPNet.String()
+		if _, ok := keep[s]; ok {
+			keep[s] = true
+			continue
+		}
+		if err := h.AddrDel(l, &a); err != nil {
+			return fmt.Errorf("remove address %s: %w", s, err)
+		}
+	}
+	for _, w := range want {
+		if keep[w.String()] {
+			continue
+		}
+		if err := addAddr(h, l, w, flags); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addAddr adds (or replaces) one address; flags apply to IPv6 only.
+func addAddr(h *netlink.Handle, l netlink.Link, w net.IPNet, flags int) error {
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: w.IP, Mask: w.Mask}}
+	if w.IP.To4() == nil {
+		addr.Flags = flags
+	}
+	if err := h.AddrReplace(l, addr); err != nil {
+		return fmt.Errorf("add address %s: %w", w.String(), err)
+	}
+	return nil
+}
+
+// Unplug removes the port's veth pair (the container end goes with the
+// host end). A port that is not plugged is success; a link with the
+// port's name that is not ours is left alone and reported as a conflict.
+func (d *Datapath) Unplug(ctx context.Context, portID string) error {
+	if err := checkCtx(ctx); err != nil {
+		return err
+	}
+	if err := ValidatePortID(portID); err != nil {
+		return err
+	}
+	name := d.names.hostVeth(portID)
+	l, err := d.h.LinkByName(name)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unplug port %s: %w", portID, err)
+	}
+	if l.Attrs().Alias != d.names.portAlias(portID) && !d.interrupted(l) {
+		return kerrors.New(kerrors.Conflict, "unplug port %s: link %s is not ours (alias %q)", portID, name, l.Attrs().Alias)
+	}
+	if err := d.h.LinkDel(l); err != nil && !isNotFound(err) {
+		return fmt.Errorf("unplug port %s: %w", portID, err)
+	}
+	return nil
+}
+
+// ListPorts returns the host ends we own, with the VPC each is attached to.
+func (d *Datapath) ListPorts(ctx context.Context) ([]OwnedPort, error) {
+	if err := checkCtx(ctx); err != nil {
+		return nil, err
+	}
+	links, err := linkList(d.h)
+	if err != nil {
+		return nil, fmt.Errorf("list ports: %w", err)
+	}
+	bridges := map[int]uint32{}
+	for _, l := range links {
+		if vni, ok := d.names.ownsVPCLink(l.Attrs().Name, l.Attrs().Alias, l.Type()); ok && l.Type() == "bridge" {
+			bridges[l.Attrs().Index] = vni
+		}
+	}
+	var out []OwnedPort
+	for _, l := range links {
+		a := l.Attrs()
+		if l.Type() != "veth" {
+			continue
+		}
+		if id, ok := d.names.ownsPort(a.Name, a.Alias); ok {
+			out = append(out, OwnedPort{ID: id, HostIf: a.Name, VNI: bridges[a.MasterIndex]})
+		}
+	}
+	return out, nil
+}
+
+// ownedLink finds a link by name and checks its alias: a missing link is
+// kerrors.NotFound, a foreign one kerrors.Conflict.
+func (d *Datapath) ownedLink(name, alias string) (netlink.Link, error) {
+	l, err := d.h.LinkByName(name)
+	if isNotFound(err) {
+		return nil, kerrors.New(kerrors.NotFound, "link %s does not exist", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("link %s: %w", name, err)
+	}
+	if l.Attrs().Alias == alias {
+		return l, nil
+	}
+	if !d.interrupted(l) {
+		return nil, kerrors.New(kerrors.Conflict, "link %s is not ours (alias %q)", name, l.Attrs().Alias)
+	}
+	// Ours, created by a run that died before naming it: adopt it.
+	if err := d.h.LinkSetAlias(l, alias); err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", name, err)
+	}
+	l.Attrs().Alias = alias
+	return l, nil
+}
+
+// sigMAC is the MAC every link we create gets at creation: derived from
+// the owner, this host's VTEP and the link's name, locally administered
+// unicast. Bridges keep it for life, so a VPC's gateway MAC is stable and
+// differs between hosts.
+func (d *Datapath) sigMAC(name string) net.HardwareAddr {
+	sum := sha256.Sum256([]byte(d.cfg.Owner + "|" + d.vtep.String() + "|" + name))
+	m := net.HardwareAddr(sum[:6])
+	m[0] = (m[0] | 0x02) &^ 0x01
+	return m
+}
+
+// interrupted reports whether l is a link we created but never got to
+// alias (the kernel ignores an alias in the creation request, so a crash
+// can fall between the two calls): our name prefix, no alias, and the
+// signature MAC of its name. Such a link is provably ours.
+func (d *Datapath) interrupted(l netlink.Link) bool {
+	a := l.Attrs()
+	return a.Alias == "" && strings.HasPrefix(a.Name, d.names.prefix) && bytes.Equal(a.HardwareAddr, d.sigMAC(a.Name))
+}
+
+// Cleanup removes the links of creations a crash interrupted (see
+// interrupted). Call it before any Plug or EnsureVPC runs: a creation in
+// flight looks interrupted too.
+func (d *Datapath) Cleanup(ctx context.Context) error {
+	if err := checkCtx(ctx); err != nil {
+		return err
+	}
+	links, err := linkList(d.h)
+	if err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	for _, l := range links {
+		if !d.interrupted(l) {
+			continue
+		}
+		d.log.Info("removing interrupted creation", "link", l.Attrs().Name)
+		if err := d.h.LinkDel(l); err != nil && !isNotFound(err) {
+			return fmt.Errorf("cleanup %s: %w", l.Attrs().Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,28 @@
+// Package agent is the host agent's reconciler: it registers the host with
+// the controller, watches every port and host there (pkg/controllerapi),
+// and drives the datapath so that this host's kernel state matches the
+// controller's view: each port bound to this host is plugged and reported
+// UP (or DOWN when its network namespace is gone, or ERROR with a reason
+// when it cannot be plugged), each VPC with local ports has its bridge,
+// VXLAN device and remote entries, and everything else the datapath owns
+// is removed.
+//
+// Shape (sample-controller style): watch handlers only update the cache
+// and enqueue keys ("p/<port id>", "v/<vni>"); workers drain a queue that
+// never hands one key to two workers, sync by level from the cache, treat
+// "not in the cache" as "remove", and requeue failures with exponential
+// backoff. After each (re)list and periodically, an orphan scan enqueues
+// every port and VPC the datapath owns, so a restart recreates what is
+// missing and removes what is no longer wanted, and a replug of a port
+// that is already plugged is a no-op in the datapath (no second link).
+//
+// Locking: Agent.mu guards the cache (ports, hosts) and the synced flag;
+// it is never held across a network or netlink call. Agent.vpcLocks has
+// one RWMutex per VPC: ensuring, setting remotes and deleting take it
+// exclusively, plugging a port into the VPC shares it; a worker holds at
+// most one VPC lock at a time. Datapath link events (a host end vanishing
+// with its namespace) only enqueue keys.
+//
+// Imports: pkg/controllerapi and internal/agent/datapath; never the
+// controller's server or store (internal/controller/...).
+package agent

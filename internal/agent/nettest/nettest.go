@@ -1,0 +1,140 @@
+// Package nettest holds helpers for the agent's root tests: named network
+// namespaces that remove themselves, veth links between them, and TCP
+// probes run inside a namespace. Only _test.go files may import it; it
+// imports nothing of Kurma but testutil.
+//
+// Locking: none; every helper is safe to call from parallel tests.
+package nettest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"kurma.dev/kurma/internal/testutil"
+)
+
+// NetNSDir is where `ip netns` keeps named namespaces.
+const NetNSDir = "/run/netns"
+
+// NewNS creates the named network namespace (use testutil.UniqueName with
+// your prefix) with loopback up, removes it when the test ends, and
+// returns its path.
+func NewNS(t testing.TB, name string) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.Run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() { DelNS(name) })
+	testutil.Run(t, "ip", "-n", name, "link", "set", "lo", "up")
+	return filepath.Join(NetNSDir, name)
+}
+
+// DelNS removes a named namespace; missing is fine.
+func DelNS(name string) {
+	if _, err := os.Stat(filepath.Join(NetNSDir, name)); err == nil {
+		_ = runQuiet("ip", "netns", "del", name)
+	}
+}
+
+// Name returns the name of a namespace path under /run/netns.
+func Name(path string) string { return filepath.Base(path) }
+
+// IP runs `ip -n <ns> args...` and fails the test on error.
+func IP(t testing.TB, nsPath string, args ...string) string {
+	t.Helper()
+	return testutil.Run(t, "ip", append([]string{"-n", Name(nsPath)}, args...)...)
+}
+
+// Serve listens on addr (e.g. "10.0.0.5:8080") inside the namespace and
+// answers every connection with reply. It stops when the test ends.
+func Serve(t testing.TB, nsPath, addr, reply string) {
+	t.Helper()
+	var ln net.Listener
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen %s in %s: %v", addr, nsPath, err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, reply)
+			_ = c.Close()
+		}
+	}()
+}
+
+// Dial connects from inside the namespace to addr and returns what the
+// server sent, within timeout.
+func Dial(nsPath, addr string, timeout time.Duration) (string, error) {
+	var c net.Conn
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr, timeout)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+// Reach retries Dial until it returns want or ctx ends.
+func Reach(ctx context.Context, nsPath, addr, want string) error {
+	var last error
+	for {
+		got, err := Dial(nsPath, addr, 500*time.Millisecond)
+		if err == nil && got == want {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("got %q, want %q", got, want)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s cannot reach %s: %w", nsPath, addr, errors.Join(last, ctx.Err()))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Links lists the link names in a namespace.
+func Links(t testing.TB, nsPath string) []string {
+	t.Helper()
+	out := IP(t, nsPath, "-o", "link", "show")
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		n, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		names = append(names, n)
+	}
+	return names
+}
+
+func runQuiet(name string, args ...string) error {
+	return exec.Command(name, args...).Run()
+}

@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"sync"
+	"time"
+)
+
+// queue is a work queue of keys in the style of client-go's: a key is
+// queued at most once however often it is added, is never handed to two
+// workers at once, and a key added while it is being processed is handed
+// out again after Done. Adding is cheap and never blocks.
+type queue struct {
+	mu         sync.Mutex // guards every field below
+	cond       *sync.Cond // signalled when items grows or the queue shuts down
+	items      []string   // keys ready to hand out, in order
+	dirty      map[string]bool
+	processing map[string]bool
+	failures   map[string]int // consecutive failures, for backoff
+	timers     map[string]*time.Timer
+	shutdown   bool
+
+	base, max time.Duration // backoff bounds
+}
+
+func newQueue(base, max time.Duration) *queue {
+	q := &queue{
+		dirty: map[string]bool{}, processing: map[string]bool{},
+		failures: map[string]int{}, timers: map[string]*time.Timer{},
+		base: base, max: max,
+	}
+	q.cond = sync.NewCond(&q.mu)
+	return q
+}
+
+// Add queues key now.
+func (q *queue) Add(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.addLocked(key)
+}
+
+func (q *queue) addLocked(key string) {
+	if q.shutdown || q.dirty[key] {
+		return
+	}
+	q.dirty[key] = true
+	if q.processing[key] {
+		return // handed out again by Done
+	}
+	q.items = append(q.items, key)
+	q.cond.Signal()
+}
+
+// Retry queues key after its backoff delay (doubling per consecutive
+// failure, up to max) and returns that delay.
+func (q *queue) Retry(key string) time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := q.failures[key]
+	q.failures[key] = n + 1
+	d := q.base << min(n, 20)
+	if d > q.max || d <= 0 {
+		d = q.max
+	}
+	if q.shutdown {
+		return d
+	}
+	if t := q.timers[key]; t != nil {
+		t.Stop()
+	}
+	q.timers[key] = time.AfterFunc(d, func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		delete(q.timers, key)
+		q.addLocked(key)
+	})
+	return d
+}
+
+// Forget clears key's failure count (after a success).
+func (q *queue) Forget(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.failures, key)
+}
+
+// Get blocks until a key is ready or the queue shuts down (ok false).
+func (q *queue) Get() (key string, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.items) == 0 && !q.shutdown {
+		q.cond.Wait()
+	}
+	if q.shutdown {
+		return "", false
+	}
+	key, q.items = q.items[0], q.items[1:]
+	delete(q.dirty, key)
+	q.processing[key] = true
+	return key, true
+}
+
+// Done marks key processed; if it was added meanwhile it is queued again.
+func (q *queue) Done(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.processing, key)
+	if q.dirty[key] && !q.shutdown {
+		q.items = append(q.items, key)
+		q.cond.Signal()
+	}
+}
+
+// Len is the number of keys waiting (not counting delayed retries).
+func (q *queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}
+
+// Shutdown wakes every Get with ok false and drops pending retries.
+func (q *queue) Shutdown() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.shutdown = true
+	for _, t := range q.timers {
+		t.Stop()
+	}
+	q.cond.Broadcast()
+}

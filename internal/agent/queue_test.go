@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestQueueDedupAndExclusive(t *testing.T) {
+	q := newQueue(time.Millisecond, 10*time.Millisecond)
+	defer q.Shutdown()
+	for _, k := range []string{"a", "b", "a", "a"} {
+		q.Add(k)
+	}
+	if q.Len() != 2 {
+		t.Fatalf("len %d, want 2", q.Len())
+	}
+	k, _ := q.Get()
+	if k != "a" {
+		t.Fatalf("got %q", k)
+	}
+	q.Add("a") // while processing: not handed out twice
+	k2, _ := q.Get()
+	if k2 != "b" || q.Len() != 0 {
+		t.Fatalf("got %q, len %d", k2, q.Len())
+	}
+	q.Done("a")
+	if q.Len() != 1 {
+		t.Fatalf("a re-added during processing was not requeued on Done")
+	}
+	q.Done("b")
+}
+
+func TestQueueBackoff(t *testing.T) {
+	q := newQueue(30*time.Millisecond, 120*time.Millisecond)
+	defer q.Shutdown()
+	for i, want := range []time.Duration{30, 60, 120, 120} {
+		t.Run(want.String(), func(t *testing.T) {
+			if got := q.Retry("a"); got != want*time.Millisecond {
+				t.Fatalf("retry %d: delay %v, want %v", i, got, want*time.Millisecond)
+			}
+		})
+	}
+	q.Forget("a")
+	if got := q.Retry("a"); got != 30*time.Millisecond {
+		t.Fatalf("after Forget: %v", got)
+	}
+	start := time.Now()
+	if k, ok := q.Get(); !ok || k != "a" {
+		t.Fatalf("Get = %q, %v", k, ok)
+	}
+	if el := time.Since(start); el < 20*time.Millisecond {
+		t.Fatalf("retry handed out after %v, before its delay", el)
+	}
+	q.Done("a")
+}
+
+func TestQueueShutdownWakesWorkers(t *testing.T) {
+	q := newQueue(time.Millisecond, time.Millisecond)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, ok := q.Get(); ok {
+				t.Error("Get after shutdown returned a key")
+			}
+		}()
+	}
+	time.Sleep(10 * time.Millisecond)
+	q.Shutdown()
+	wg.Wait()
+}

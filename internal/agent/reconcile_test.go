@@ -1,0 +1,280 @@
+package agent
+
+import (
+	"context"
+	"iter"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// fakeController serves a fixed list of ports and hosts, then the live
+// events sent on its channel; it records the statuses the agent reports.
+// It stands in for the controller only in this test of the reconciler;
+// the end-to-end tests use the real one.
+type fakeController struct {
+	mu       sync.Mutex // guards ports, hosts, statuses
+	ports    []controllerapi.Port
+	hosts    []controllerapi.Host
+	statuses map[string][]string // port id -> statuses reported, in order
+	live     chan controllerapi.Event
+	hold     chan struct{} // when set, the port list waits until it is closed
+}
+
+func (f *fakeController) RegisterHost(_ context.Context, h controllerapi.Host) (*controllerapi.Host, error) {
+	return &h, nil
+}
+
+func (f *fakeController) SetPortStatus(_ context.Context, _, id, status, reason string) (*controllerapi.Port, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.ports {
+		if f.ports[i].ID == id {
+			f.ports[i].Status, f.ports[i].StatusReason = status, reason
+			f.ports[i].RevisionNumber++
+			f.statuses[id] = append(f.statuses[id], status)
+			p := f.ports[i]
+			return &p, nil
+		}
+	}
+	return nil, kerrors.New(kerrors.NotFound, "port %s", id)
+}
+
+func (f *fakeController) GetSubnet(context.Context, string, string) (*controllerapi.Subnet, error) {
+	return nil, kerrors.New(kerrors.NotFound, "no subnets here")
+}
+
+func (f *fakeController) WatchPorts(ctx context.Context, since int64, _ string) iter.Seq2[controllerapi.Event, error] {
+	return func(yield func(controllerapi.Event, error) bool) {
+		if f.hold != nil {
+			select {
+			case <-f.hold:
+			case <-ctx.Done():
+				return
+			}
+		}
+		f.mu.Lock()
+		ps := slices.Clone(f.ports)
+		f.mu.Unlock()
+		for _, p := range ps {
+			if !yield(controllerapi.Event{Type: controllerapi.EventAdded, Port: &p}, nil) {
+				return
+			}
+		}
+		if !yield(controllerapi.Event{Type: controllerapi.EventSynced, Revision: 1}, nil) {
+			return
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-f.live:
+				if !yield(ev, nil) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func (f *fakeController) WatchHosts(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error] {
+	return func(yield func(controllerapi.Event, error) bool) {
+		for _, h := range f.hosts {
+			if !yield(controllerapi.Event{Type: controllerapi.EventAdded, Host: &h}, nil) {
+				return
+			}
+		}
+		if yield(controllerapi.Event{Type: controllerapi.EventSynced, Revision: 1}, nil) {
+			<-ctx.Done()
+		}
+	}
+}
+
+func (f *fakeController) status(id string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.statuses[id])
+}
+
+// newTestDatapath returns a datapath over a fresh host namespace.
+func newTestDatapath(t *testing.T) (*datapath.Datapath, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	hostNS := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	nettest.IP(t, hostNS, "link", "add", "kagtu0", "type", "veth", "peer", "name", "kagtu1")
+	dp, err := datapath.New(t.Context(), datapath.Config{HostNS: hostNS, Prefix: "kagt", UnderlayIP: net.ParseIP("192.0.2.1"),
+		UnderlayDev: "kagtu0", NFTTable: testutil.UniqueName("kagt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dp.Close() })
+	return dp, hostNS
+}
+
+func TestReconcile(t *testing.T) {
+	ctx := t.Context()
+	dp, hostNS := newTestDatapath(t)
+
+	// Left over from an earlier run: a plugged port the controller no
+	// longer has and a VPC without ports. Not ours: a look-alike link.
+	orphanNS := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	if err := dp.EnsureVPC(ctx, datapath.VPCSpec{VNI: 77}); err != nil {
+		t.Fatal(err)
+	}
+	orphan := datapath.PortSpec{ID: "orphan", VNI: 77, NetNS: orphanNS, IfName: "eth0", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 0x77},
+		Addrs: []datapath.PortAddr{{Addr: net.IPNet{IP: net.IPv4(10, 77, 0, 5).To4(), Mask: net.CIDRMask(24, 32)}}}}
+	if err := dp.Plug(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
+	nettest.IP(t, hostNS, "link", "add", "kagtpforeign", "type", "veth", "peer", "name", "kagtqforeign")
+
+	podNS := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	adminNS := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	port := func(id, host string, vni uint32, ns, mac, ip string) controllerapi.Port {
+		return controllerapi.Port{ID: id, ProjectID: "proj", BindingHostID: host, VNI: vni, NetworkNS: ns, MACAddress: mac,
+			Status: controllerapi.StatusPending, RevisionNumber: 1,
+			FixedIPs: []controllerapi.FixedIP{{SubnetID: "s", IPAddress: ip, CIDR: "10.1.0.0/24", GatewayIP: "10.1.0.1"}}}
+	}
+	fc := &fakeController{
+		statuses: map[string][]string{}, live: make(chan controllerapi.Event, 4),
+		hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}, {ID: "h2", UnderlayIP: "192.0.2.2"}},
+		ports: []controllerapi.Port{
+			port("good", "h1", 1, podNS, "02:00:00:00:01:05", "10.1.0.5"),
+			port("nons", "h1", 2, "/run/netns/kagt-missing", "02:00:00:00:02:05", "10.1.0.6"),
+			port("badmac", "h1", 3, podNS, "zz", "10.1.0.7"),
+			port("remote", "h2", 1, "/run/netns/elsewhere", "02:00:00:00:01:09", "10.1.0.9"),
+			port("admindown", "h1", 4, adminNS, "02:00:00:00:04:05", "10.1.0.10"),
+		},
+	}
+	f := false
+	fc.ports[4].AdminStateUp = &f
+	a, err := New(Config{HostID: "h1", UnderlayIP: net.ParseIP("192.0.2.1"), Controller: fc, Datapath: dp,
+		Resync: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	until := func(t *testing.T, what string, f func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !f() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	last := func(id string) string {
+		s := fc.status(id)
+		if len(s) == 0 {
+			return ""
+		}
+		return s[len(s)-1]
+	}
+	for _, tc := range []struct{ id, want string }{
+		{"good", controllerapi.StatusUp}, {"nons", controllerapi.StatusDown}, {"badmac", controllerapi.StatusError},
+		{"admindown", controllerapi.StatusDown},
+	} {
+		t.Run(tc.id+" is "+tc.want, func(t *testing.T) {
+			until(t, tc.id+" "+tc.want, func() bool { return last(tc.id) == tc.want })
+		})
+	}
+	t.Run("orphans removed, foreign kept", func(t *testing.T) {
+		until(t, "orphan removal", func() bool {
+			ports, _ := dp.ListPorts(ctx)
+			vpcs, _ := dp.ListVPCs(ctx)
+			return len(ports) == 2 && slices.Equal(vpcs, []uint32{1, 4})
+		})
+		if links := nettest.Links(t, hostNS); !slices.Contains(links, "kagtpforeign") || !slices.Contains(links, "kagtqforeign") {
+			t.Fatalf("foreign link removed: %v", links)
+		}
+		if links := nettest.Links(t, orphanNS); !slices.Equal(links, []string{"lo"}) {
+			t.Fatalf("orphan's netns still has %v", links)
+		}
+	})
+	t.Run("remote port programmed", func(t *testing.T) {
+		until(t, "fdb entry", func() bool {
+			out := testutil.Run(t, "bridge", "-n", nettest.Name(hostNS), "fdb", "show", "dev", "kagtv000001")
+			return strings.Contains(out, "02:00:00:00:01:09 dst 192.0.2.2")
+		})
+	})
+	t.Run("up reported once across resyncs", func(t *testing.T) {
+		time.Sleep(500 * time.Millisecond) // two resyncs
+		if got := fc.status("good"); !slices.Equal(got, []string{controllerapi.StatusUp}) {
+			t.Fatalf("statuses reported for good: %v", got)
+		}
+	})
+	t.Run("deleted port unplugged and its vpc removed", func(t *testing.T) {
+		p := port("good", "h1", 1, podNS, "02:00:00:00:01:05", "10.1.0.5")
+		fc.live <- controllerapi.Event{Type: controllerapi.EventDeleted, Revision: 2, Port: &p}
+		until(t, "unplug", func() bool {
+			ports, _ := dp.ListPorts(ctx)
+			vpcs, _ := dp.ListVPCs(ctx)
+			return len(ports) == 1 && ports[0].ID == "admindown" && slices.Equal(vpcs, []uint32{4})
+		})
+		if links := nettest.Links(t, podNS); !slices.Equal(links, []string{"lo"}) {
+			t.Fatalf("pod netns still has %v", links)
+		}
+	})
+}
+
+// TestNoUnplugBeforeList: until the first port list completes, an empty
+// cache must not be taken for "no ports": resyncs and link events wait.
+func TestNoUnplugBeforeList(t *testing.T) {
+	ctx := t.Context()
+	dp, _ := newTestDatapath(t)
+	podNS := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	if err := dp.EnsureVPC(ctx, datapath.VPCSpec{VNI: 1}); err != nil {
+		t.Fatal(err)
+	}
+	kept := controllerapi.Port{ID: "kept", ProjectID: "proj", BindingHostID: "h1", VNI: 1, NetworkNS: podNS,
+		MACAddress: "02:00:00:00:01:05", Status: controllerapi.StatusUp, RevisionNumber: 1,
+		FixedIPs: []controllerapi.FixedIP{{SubnetID: "s", IPAddress: "10.1.0.5", CIDR: "10.1.0.0/24", GatewayIP: "10.1.0.1"}}}
+	spec, err := toPortSpec(&kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Plug(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	fc := &fakeController{statuses: map[string][]string{}, live: make(chan controllerapi.Event), hold: make(chan struct{}),
+		ports: []controllerapi.Port{kept}, hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}}}
+	a, err := New(Config{HostID: "h1", UnderlayIP: net.ParseIP("192.0.2.1"), Controller: fc, Datapath: dp,
+		Resync: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	time.Sleep(300 * time.Millisecond) // many resync periods, no list yet
+	if ports, _ := dp.ListPorts(ctx); len(ports) != 1 {
+		t.Fatalf("ports unplugged before the first list: %v", ports)
+	}
+	close(fc.hold)
+	<-a.Synced()
+	time.Sleep(200 * time.Millisecond)
+	if ports, _ := dp.ListPorts(ctx); len(ports) != 1 || ports[0].ID != "kept" {
+		t.Fatalf("after the list: %v", ports)
+	}
+	if got := fc.status("kept"); len(got) != 0 {
+		t.Fatalf("an UP port was re-reported: %v", got)
+	}
+}

@@ -1,0 +1,283 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// maxReason bounds the status_reason the agent sends.
+const maxReason = 400
+
+// syncPort makes one port's datapath state match the cache: plugged and
+// reported UP when it is bound here, unplugged otherwise.
+func (a *Agent) syncPort(ctx context.Context, id string) error {
+	p, ok := a.cachedPort(id)
+	if !ok && !a.isSynced() {
+		// Not listed yet: absence means nothing. The first list ends with
+		// a full resync that comes back here.
+		return nil
+	}
+	if !ok || !a.isLocal(&p) {
+		err := a.dp.Unplug(ctx, id)
+		if errors.Is(err, kerrors.Conflict) || errors.Is(err, kerrors.Invalid) {
+			a.log.Warn("not unplugging a link we do not own", "port", id, "err", err)
+			return nil
+		}
+		if err == nil && ok {
+			a.log.Debug("unplugged port moved away", "port", id)
+		}
+		return err
+	}
+	spec, err := a.portSpec(ctx, &p)
+	if err != nil {
+		if errors.Is(err, kerrors.Invalid) {
+			return a.report(ctx, &p, controllerapi.StatusError, err.Error())
+		}
+		return err
+	}
+	if gone, reason := netnsGone(spec.NetNS); gone {
+		if err := a.dp.Unplug(ctx, id); err != nil && !errors.Is(err, kerrors.Conflict) {
+			return err
+		}
+		a.q.Add(vpcKey(spec.VNI)) // it may have been the VPC's last port here
+		return a.report(ctx, &p, controllerapi.StatusDown, reason)
+	}
+	// Ensuring the VPC takes its lock exclusively; plugging shares it, so
+	// ports of one VPC plug in parallel but never while the VPC is being
+	// changed or removed.
+	l := a.vpcLock(spec.VNI)
+	err = nil
+	if !a.vpcHas(spec) {
+		l.Lock()
+		err = a.ensureVPC(ctx, spec.VNI, spec)
+		l.Unlock()
+	}
+	if err == nil {
+		l.RLock()
+		err = a.dp.Plug(ctx, spec)
+		l.RUnlock()
+	}
+	if err != nil {
+		a.forgetVPC(spec.VNI) // ensure it in full next time
+		if gone, reason := netnsGone(spec.NetNS); gone {
+			return a.report(ctx, &p, controllerapi.StatusDown, reason)
+		}
+		if rerr := a.report(ctx, &p, controllerapi.StatusError, err.Error()); rerr != nil {
+			a.log.Warn("report port error", "port", id, "err", rerr)
+		}
+		if errors.Is(err, kerrors.Invalid) {
+			return nil // retrying cannot help; the next resync tries again
+		}
+		return err
+	}
+	a.mu.Lock()
+	needRemotes := !a.ready[spec.VNI]
+	a.mu.Unlock()
+	if needRemotes {
+		a.q.Add(vpcKey(spec.VNI))
+	}
+	if spec.AdminDown {
+		return a.report(ctx, &p, controllerapi.StatusDown, "admin_state_up is false")
+	}
+	return a.report(ctx, &p, controllerapi.StatusUp, "")
+}
+
+// netnsGone reports whether a namespace path no longer exists.
+func netnsGone(path string) (bool, string) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return true, fmt.Sprintf("network namespace %s does not exist", path)
+	}
+	return false, ""
+}
+
+// ensureVPC creates or repairs the VPC with the gateways of every local
+// port in it (plus extra's). The caller holds the VPC's lock exclusively.
+func (a *Agent) ensureVPC(ctx context.Context, vni uint32, extra ...datapath.PortSpec) error {
+	specs := append(a.localSpecs(vni), extra...)
+	gws := gatewaysOf(specs)
+	if err := a.dp.EnsureVPC(ctx, datapath.VPCSpec{VNI: vni, Gateways: gws}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	set := map[string]bool{}
+	for _, g := range gws {
+		set[g.String()] = true
+	}
+	a.gateways[vni] = set
+	return nil
+}
+
+// vpcHas reports whether the VPC of spec was ensured with every gateway
+// the port needs, so plugging it may skip EnsureVPC (a stale answer only
+// costs a failed Plug, which forgets the VPC and retries).
+func (a *Agent) vpcHas(spec datapath.PortSpec) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	set := a.gateways[spec.VNI]
+	if set == nil {
+		return false
+	}
+	for _, g := range gatewaysOf([]datapath.PortSpec{spec}) {
+		if !set[g.String()] {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) forgetVPC(vni uint32) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.gateways, vni)
+}
+
+// syncVPC programs a VPC's remote ports, or removes the VPC when no local
+// port uses it any more.
+func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
+	l := a.vpcLock(vni)
+	l.Lock()
+	defer l.Unlock()
+	// Only local ports that can be plugged keep a VPC here: one whose
+	// ports are all invalid or lost their namespace is removed.
+	nlocal := 0
+	for _, s := range a.localSpecs(vni) {
+		if gone, _ := netnsGone(s.NetNS); !gone {
+			nlocal++
+		}
+	}
+	a.mu.Lock()
+	var remotes []datapath.Remote
+	for _, p := range a.ports {
+		if p.VNI != vni || a.isLocal(p) {
+			continue
+		}
+		if r, ok := toRemote(p, a.hosts[p.BindingHostID]); ok {
+			remotes = append(remotes, r)
+		}
+	}
+	a.mu.Unlock()
+	if nlocal == 0 {
+		a.mu.Lock()
+		delete(a.ready, vni)
+		delete(a.gateways, vni)
+		a.mu.Unlock()
+		if err := a.dp.DeleteVPC(ctx, vni); err != nil {
+			return err
+		}
+		return nil
+	}
+	if err := a.ensureVPC(ctx, vni); err != nil {
+		a.forgetVPC(vni)
+		return err
+	}
+	if err := a.dp.SetRemotes(ctx, vni, remotes); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.ready[vni] = true
+	a.mu.Unlock()
+	return nil
+}
+
+// localSpecs converts the cached local ports of a VPC, skipping those
+// that cannot be converted from the cache alone.
+func (a *Agent) localSpecs(vni uint32) []datapath.PortSpec {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []datapath.PortSpec
+	for _, p := range a.ports {
+		if p.VNI != vni || !a.isLocal(p) {
+			continue
+		}
+		cp := a.withSubnetsLocked(p)
+		if s, err := toPortSpec(&cp); err == nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (a *Agent) cachedPort(id string) (controllerapi.Port, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.ports[id]
+	if p == nil {
+		return controllerapi.Port{}, false
+	}
+	return *p, true
+}
+
+// withSubnetsLocked returns a copy of p whose fixed IPs have their cidr and
+// gateway filled from the subnet cache where the controller left them out.
+func (a *Agent) withSubnetsLocked(p *controllerapi.Port) controllerapi.Port {
+	cp := *p
+	cp.FixedIPs = append([]controllerapi.FixedIP(nil), p.FixedIPs...)
+	for i, f := range cp.FixedIPs {
+		if s := a.subnets[f.SubnetID]; f.CIDR == "" && s != nil {
+			cp.FixedIPs[i].CIDR, cp.FixedIPs[i].GatewayIP = s.CIDR, s.GatewayIP
+		}
+	}
+	return cp
+}
+
+// portSpec converts a port, fetching subnets its fixed IPs do not
+// describe.
+func (a *Agent) portSpec(ctx context.Context, p *controllerapi.Port) (datapath.PortSpec, error) {
+	for _, f := range p.FixedIPs {
+		a.mu.Lock()
+		known := f.CIDR != "" || a.subnets[f.SubnetID] != nil
+		a.mu.Unlock()
+		if known || f.SubnetID == "" {
+			continue
+		}
+		s, err := a.c.GetSubnet(ctx, p.ProjectID, f.SubnetID)
+		if err != nil {
+			if errors.Is(err, kerrors.NotFound) {
+				return datapath.PortSpec{}, kerrors.New(kerrors.Invalid, "port %s: subnet %s: %v", p.ID, f.SubnetID, err)
+			}
+			return datapath.PortSpec{}, fmt.Errorf("port %s: %w", p.ID, err)
+		}
+		a.mu.Lock()
+		a.subnets[f.SubnetID] = s
+		a.mu.Unlock()
+	}
+	a.mu.Lock()
+	cp := a.withSubnetsLocked(p)
+	a.mu.Unlock()
+	return toPortSpec(&cp)
+}
+
+// report tells the controller a port's status unless it already has it,
+// and stores the controller's answer in the cache (without queueing).
+func (a *Agent) report(ctx context.Context, p *controllerapi.Port, status, reason string) error {
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	if p.Status == status && p.StatusReason == reason {
+		return nil
+	}
+	np, err := a.c.SetPortStatus(ctx, p.ProjectID, p.ID, status, reason)
+	if errors.Is(err, kerrors.NotFound) {
+		return nil // deleted meanwhile; its DELETED event follows
+	}
+	if err != nil {
+		return fmt.Errorf("report port %s %s: %w", p.ID, status, err)
+	}
+	if status != controllerapi.StatusUp {
+		a.log.Info("port status", "port", p.ID, "status", status, "reason", reason)
+	}
+	a.mu.Lock()
+	if old := a.ports[np.ID]; old != nil && old.RevisionNumber <= np.RevisionNumber {
+		cp := *np
+		a.ports[np.ID] = &cp
+	}
+	a.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,239 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// watchPorts keeps the port cache current. A (re)list (since=0) replays
+// every port; at its SYNCED marker the ports that were not replayed are
+// dropped from the cache and a full resync is queued.
+func (a *Agent) watchPorts(ctx context.Context) {
+	var rev int64
+	delay := a.cfg.BackoffBase
+	for ctx.Err() == nil {
+		listing := rev == 0
+		seen := map[string]bool{}
+		for ev, err := range a.c.WatchPorts(ctx, rev, "") {
+			if err != nil {
+				if errors.Is(err, controllerapi.ErrCompacted) {
+					rev = 0
+				}
+				if ctx.Err() == nil {
+					a.log.Warn("port watch broken", "err", err, "since", rev)
+				}
+				break
+			}
+			delay = a.cfg.BackoffBase
+			switch ev.Type {
+			case controllerapi.EventSynced:
+				rev = ev.Revision
+				if listing {
+					listing = false
+					a.finishList(ctx, seen)
+				}
+			case controllerapi.EventAdded, controllerapi.EventModified:
+				if ev.Port == nil || ev.Port.ID == "" {
+					continue
+				}
+				if listing {
+					seen[ev.Port.ID] = true
+				} else {
+					rev = max(rev, ev.Revision)
+				}
+				a.upsertPort(ev.Port)
+			case controllerapi.EventDeleted:
+				if ev.Port == nil || ev.Port.ID == "" {
+					continue
+				}
+				if !listing {
+					rev = max(rev, ev.Revision)
+				}
+				a.deletePort(ev.Port)
+			}
+		}
+		if !sleep(ctx, delay) {
+			return
+		}
+		delay = min(delay*2, a.cfg.BackoffMax)
+		// The controller may have restarted or forgotten us: announce the
+		// host again (best effort; the watch retries regardless).
+		h := controllerapi.Host{ID: a.cfg.HostID, UnderlayIP: a.cfg.UnderlayIP.String()}
+		if _, err := a.c.RegisterHost(ctx, h); err != nil && ctx.Err() == nil {
+			a.log.Debug("re-register host", "err", err)
+		}
+	}
+}
+
+// upsertPort stores a port (unless the cache has a newer revision) and
+// queues what it affects.
+func (a *Agent) upsertPort(p *controllerapi.Port) {
+	a.mu.Lock()
+	old := a.ports[p.ID]
+	if old != nil && old.RevisionNumber > p.RevisionNumber {
+		a.mu.Unlock()
+		return
+	}
+	cp := *p
+	a.ports[p.ID] = &cp
+	a.mu.Unlock()
+	if old != nil && !datapathChange(old, &cp) {
+		return // e.g. our own status report coming back
+	}
+	a.queueFor(&cp, old, false)
+}
+
+// datapathChange reports whether two versions of a port differ in what
+// the datapath programs (status changes do not count).
+func datapathChange(a, b *controllerapi.Port) bool {
+	if a.BindingHostID != b.BindingHostID || a.VNI != b.VNI || a.MACAddress != b.MACAddress ||
+		netnsOf(a) != netnsOf(b) || a.VethName != b.VethName || len(a.FixedIPs) != len(b.FixedIPs) ||
+		adminUp(a) != adminUp(b) {
+		return true
+	}
+	for i := range a.FixedIPs {
+		if a.FixedIPs[i] != b.FixedIPs[i] {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Agent) deletePort(p *controllerapi.Port) {
+	a.mu.Lock()
+	old := a.ports[p.ID]
+	delete(a.ports, p.ID)
+	a.mu.Unlock()
+	a.queueFor(p, old, true)
+}
+
+// queueFor queues the keys a change of port p (formerly old; deleted when
+// the port is gone) touches. A local port queues itself; its VPC only when
+// the port leaves it (the port's own sync queues the VPC when it needs
+// remotes), so a new port's plug does not wait behind a VPC sync. A
+// remote port queues its VPC, whose remote entries change.
+func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
+	if a.isLocal(p) {
+		a.q.Add(portKey(p.ID))
+		if deleted && p.VNI != 0 {
+			a.q.Add(vpcKey(p.VNI))
+		}
+	} else if p.VNI != 0 {
+		a.q.Add(vpcKey(p.VNI))
+	}
+	if old == nil || (old.VNI == p.VNI && a.isLocal(old) == a.isLocal(p) && !deleted) {
+		return
+	}
+	if a.isLocal(old) {
+		a.q.Add(portKey(old.ID))
+	}
+	if old.VNI != 0 {
+		a.q.Add(vpcKey(old.VNI))
+	}
+}
+
+// finishList drops ports the list did not return, then queues a full
+// level sync (which also finds orphans in the datapath).
+func (a *Agent) finishList(ctx context.Context, seen map[string]bool) {
+	a.mu.Lock()
+	var gone []*controllerapi.Port
+	for id, p := range a.ports {
+		if !seen[id] {
+			gone = append(gone, p)
+			delete(a.ports, id)
+		}
+	}
+	first := false
+	select {
+	case <-a.synced:
+	default:
+		close(a.synced)
+		first = true
+	}
+	n := len(a.ports)
+	a.mu.Unlock()
+	for _, p := range gone {
+		a.queueFor(p, nil, true)
+	}
+	a.log.Info("ports listed", "ports", n, "dropped", len(gone), "first", first)
+	a.resync(ctx)
+}
+
+// watchHosts keeps the underlay address of every host; a change queues
+// the VPCs that have local ports.
+func (a *Agent) watchHosts(ctx context.Context) {
+	var rev int64
+	delay := a.cfg.BackoffBase
+	for ctx.Err() == nil {
+		listing := rev == 0
+		seen := map[string]bool{}
+		for ev, err := range a.c.WatchHosts(ctx, rev) {
+			if err != nil {
+				if errors.Is(err, controllerapi.ErrCompacted) {
+					rev = 0
+				}
+				if ctx.Err() == nil {
+					a.log.Warn("host watch broken", "err", err, "since", rev)
+				}
+				break
+			}
+			delay = a.cfg.BackoffBase
+			switch ev.Type {
+			case controllerapi.EventSynced:
+				rev = ev.Revision
+				if listing {
+					listing = false
+					a.mu.Lock()
+					for id := range a.hosts {
+						if !seen[id] {
+							delete(a.hosts, id)
+						}
+					}
+					a.mu.Unlock()
+					a.queueLocalVPCs()
+				}
+			case controllerapi.EventAdded, controllerapi.EventModified, controllerapi.EventDeleted:
+				if ev.Host == nil || ev.Host.ID == "" {
+					continue
+				}
+				if !listing {
+					rev = max(rev, ev.Revision)
+				}
+				a.mu.Lock()
+				if ev.Type == controllerapi.EventDeleted {
+					delete(a.hosts, ev.Host.ID)
+				} else if ip := net.ParseIP(ev.Host.UnderlayIP); ip != nil {
+					a.hosts[ev.Host.ID] = ip
+					seen[ev.Host.ID] = true
+				}
+				a.mu.Unlock()
+				if !listing {
+					a.queueLocalVPCs()
+				}
+			}
+		}
+		if !sleep(ctx, delay) {
+			return
+		}
+		delay = min(delay*2, a.cfg.BackoffMax)
+	}
+}
+
+func (a *Agent) queueLocalVPCs() {
+	a.mu.Lock()
+	vnis := map[uint32]bool{}
+	for _, p := range a.ports {
+		if a.isLocal(p) && p.VNI != 0 {
+			vnis[p.VNI] = true
+		}
+	}
+	a.mu.Unlock()
+	for vni := range vnis {
+		a.q.Add(vpcKey(vni))
+	}
+}
+
+func adminUp(p *controllerapi.Port) bool { return p.AdminStateUp == nil || *p.AdminStateUp }
