@@ -4,5 +4,65 @@
 // readiness), keeps each pod's record on disk so a restarted daemon re-adopts
 // its pods, and drives the stager call-ins.
 //
-// It must not import the API server or the CLI.
+// Files: runtime.go (Options, New, Close), create.go (the start steps and
+// their undos), launch.go (the daemon side of the stager launch, exit
+// handling, teardown), stageinit.go (the re-executed `kurmad stage-init`
+// child that makes the stager's mounts, chroots and execs it), state.go
+// (records, restart recovery, pid re-adoption), cgroups.go (cgroups and
+// mount helpers), stop.go (Get/List/Stop/Remove), callin.go (call-ins),
+// spare.go (the warm spare stage-init).
+//
+// Locking: Runtime.mu guards the pod map and every record; it is never held
+// across I/O, waits or mounts. entry.op serialises a pod's teardown with its
+// removal; cgMu serialises the making of shared cgroup parents; spareMu
+// guards the warm spare. A pidfd is
+// only used or closed under mu, so its number cannot be reused under a
+// signal. Readiness, exit watching and pidfd polling run in goroutines that
+// take mu only to update state.
+//
+// Stop first asks the stager for the apps' status and keeps it in the
+// record (AppInfo.Status), since nothing can tell it once the stager is
+// gone; apps still running then are recorded as ended with the pod.
+//
+// Stager processes: the stager is started by re-executing kurmad with the
+// clone flags of its new namespaces (mount, UTS, IPC and, unless the pod uses
+// host networking, network), because a multithreaded Go process cannot
+// safely setns/unshare a mount namespace itself. It runs in its own session
+// so it survives kurmad; a restarted kurmad re-adopts it after checking its
+// start time, and watches it with a pidfd.
+//
+// Call-ins run through nsenter(1) from util-linux (--mount --net --root
+// --wd), which enters the namespaces in a fresh single-threaded process:
+// simpler and more robust than a second re-exec helper, and util-linux is in
+// hack/apt-packages.txt already.
+//
+// Cgroups: one folder <hierarchy>/kurma/<uuid> per mounted hierarchy (cgroup
+// v1 controllers and cgroup2), bound at the hierarchy's path inside the
+// stager root. Teardown kills every process left in them.
+//
+// Start steps (create.go, table `steps`): images (stager trust: signature
+// required from the store, no dependencies; app images resolved and leased),
+// dirs, rootfs (folders for an overlay of the store's extracted stager
+// rootfs: extracted once per stager image ID, shared read-only, written per
+// pod into <pod>/stager.upper; stage-init mounts it inside the stager's
+// mount namespace, so the host holds no mount of it; copied instead when
+// overlayfs is unavailable), manifest (into the upper folder), cgroups,
+// launch (a warm spare stage-init already in fresh namespaces gets the
+// config and the log descriptor over its socket, see spare.go, or a fresh
+// one is forked; pid placed in the cgroups, pidfd taken), netns (bind of
+// /proc/<pid>/ns/net at <pod>/netns), network (Options.Network), start
+// (go-ahead on fd 3, a seqpacket socket; stage-init reports exec failures
+// on close-on-exec fd 5), ready (EOF on fd 4, bounded by ReadyTimeout). A failure runs the undos
+// of the steps done, including the failing one, in reverse, on a detached
+// context. Options.FailStep is the failpoint the tests use.
+//
+// Records: <pods>/<uuid>/pod.json, written by temp file + rename; the
+// records a restart depends on (running, ended) are fsynced, intermediate
+// ones are not (a lost one leaves a folder recovery removes as debris).
+//
+// Tests use a real but minimal stager (testdata/teststager, built at test
+// time) for protocol and failure cases, and the real default stager
+// (cmd/kurma-stager) with the real image store for end-to-end cases.
+//
+// It must not import the API server, the CLI or internal/config.
 package pod

@@ -1,0 +1,274 @@
+package pod
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupMount is one cgroup hierarchy mounted on the host (v1 controller,
+// named v1 hierarchy, or cgroup2).
+type cgroupMount struct {
+	Path string // mount point, e.g. /sys/fs/cgroup/memory
+	V2   bool
+}
+
+// mountInfo is one line of /proc/self/mountinfo.
+type mountInfo struct {
+	Point  string
+	FSType string
+}
+
+func readMountInfo() ([]mountInfo, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	var out []mountInfo
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 {
+			continue
+		}
+		sep := -1
+		for i := 6; i < len(fields); i++ {
+			if fields[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		out = append(out, mountInfo{Point: unescapeMount(fields[4]), FSType: fields[sep+1]})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space...).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func findCgroupMounts() ([]cgroupMount, error) {
+	mis, err := readMountInfo()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []cgroupMount
+	for _, m := range mis {
+		if (m.FSType != "cgroup" && m.FSType != "cgroup2") || seen[m.Point] {
+			continue
+		}
+		if !strings.HasPrefix(m.Point, "/sys/fs/cgroup") {
+			continue
+		}
+		seen[m.Point] = true
+		out = append(out, cgroupMount{Path: m.Point, V2: m.FSType == "cgroup2"})
+	}
+	return out, nil
+}
+
+// makeCgroups creates <hierarchy>/<root>/<uuid> in every hierarchy and
+// returns the folders made (already made ones on error, for the undo).
+func (r *Runtime) makeCgroups(uuid string) ([]string, error) {
+	r.cgMu.Lock()
+	defer r.cgMu.Unlock()
+	var made []string
+	for _, cg := range r.cgroups {
+		parent := filepath.Join(cg.Path, r.opts.CgroupRoot)
+		if err := mkdirCgroup(parent); errors.Is(err, os.ErrExist) {
+			// Made by an earlier kurmad or another pod: complete it all
+			// the same, in case its maker has not finished yet.
+			err = fillCpuset(parent)
+			if err != nil {
+				return made, err
+			}
+		} else if err != nil {
+			return made, fmt.Errorf("create cgroup %s: %w", parent, err)
+		}
+		if cg.V2 {
+			delegateControllers(parent)
+		}
+		dir := filepath.Join(parent, uuid)
+		if err := mkdirCgroup(dir); err != nil {
+			return made, fmt.Errorf("create cgroup %s: %w", dir, err)
+		}
+		made = append(made, dir)
+	}
+	return made, nil
+}
+
+// mkdirCgroup makes a cgroup folder; in a v1 cpuset hierarchy it copies
+// the parent's cpus and mems, without which no task could join.
+func mkdirCgroup(dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	return fillCpuset(dir)
+}
+
+// fillCpuset copies the parent's cpuset.cpus and cpuset.mems into a v1
+// cpuset folder where they are empty (elsewhere it does nothing).
+func fillCpuset(dir string) error {
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		p := filepath.Join(dir, f)
+		cur, err := os.ReadFile(p)
+		if err != nil || strings.TrimSpace(string(cur)) != "" {
+			continue
+		}
+		v, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
+		if err != nil {
+			continue
+		}
+		if err := os.WriteFile(p, v, 0o644); err != nil {
+			return fmt.Errorf("set %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// delegateControllers enables, in a cgroup2 folder, every controller it has
+// for its children (the pods), so a stager can use them. Best effort: a
+// controller the kernel refuses is left out.
+func delegateControllers(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return
+	}
+	cur, _ := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	have := strings.Fields(string(cur))
+	for _, c := range strings.Fields(string(b)) {
+		if !slices.Contains(have, c) {
+			_ = os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0o644)
+		}
+	}
+}
+
+// joinCgroups moves pid into every cgroup folder.
+func joinCgroups(dirs []string, pid int) error {
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			return fmt.Errorf("join cgroup %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// cgroupPids lists the processes in a cgroup folder and its descendants.
+func cgroupPids(dir string) []int {
+	var pids []int
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			return nil
+		}
+		for _, l := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(l); err == nil {
+				pids = append(pids, n)
+			}
+		}
+		return nil
+	})
+	return pids
+}
+
+// removeCgroups kills every process left in the folders and removes them,
+// deepest first. Missing folders are fine.
+func removeCgroups(dirs []string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := 0
+		for _, d := range dirs {
+			for _, pid := range cgroupPids(d) {
+				left++
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		if left == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var errs []error
+	for _, d := range dirs {
+		var sub []string
+		_ = filepath.WalkDir(d, func(p string, de os.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				sub = append(sub, p)
+			}
+			return nil
+		})
+		sort.Slice(sub, func(i, j int) bool { return len(sub[i]) > len(sub[j]) })
+		for _, s := range sub {
+			var err error
+			for range 500 {
+				// A cgroup lingers briefly after its last task is reaped.
+				if err = unix.Rmdir(s); err == nil || errors.Is(err, unix.ENOENT) || !errors.Is(err, unix.EBUSY) {
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", s, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first.
+func unmountUnder(dir string) error {
+	mis, err := readMountInfo()
+	if err != nil {
+		return err
+	}
+	var pts []string
+	for _, m := range mis {
+		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
+			pts = append(pts, m.Point)
+		}
+	}
+	sort.Slice(pts, func(i, j int) bool { return len(pts[i]) > len(pts[j]) })
+	var errs []error
+	for _, p := range pts {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}

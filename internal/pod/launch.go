@@ -1,0 +1,505 @@
+package pod
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/stagerspec"
+)
+
+// launched is a stager process started by this Runtime.
+type launched struct {
+	cmd    *exec.Cmd
+	goW    *os.File // daemon's end of fd 3
+	readyR *os.File // daemon's end of fd 4
+	statR  *os.File // daemon's end of fd 5
+	log    *os.File
+	waited chan struct{} // closed when cmd.Wait returned
+	status string        // exit status, set before waited closes
+}
+
+// prepareStagerRoot makes the pod's view of the stager's root: folders
+// for an overlay (lower: the store's extracted stager rootfs, shared and
+// read-only; upper: <dir>/stager.upper, the pod's writes) that stage-init
+// mounts inside the stager's mount namespace, or, in copy mode, a copy of
+// the rootfs at <dir>/stager.
+func prepareStagerRoot(ctx context.Context, lower, dir string, copyRoot bool) error {
+	root := filepath.Join(dir, "stager")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", root, err)
+	}
+	if !copyRoot {
+		for _, d := range []string{"stager.upper", "stager.work"} {
+			if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+				return fmt.Errorf("create %s: %w", d, err)
+			}
+		}
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", lower+"/.", root+"/").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy stager root: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// overlayWorks reports whether an overlay with its upper folder under dir
+// can be mounted (not on every filesystem: e.g. not on overlayfs itself).
+func overlayWorks(dir string) bool {
+	tmp, err := os.MkdirTemp(dir, ".overlay-probe-")
+	if err != nil {
+		return false
+	}
+	defer os.RemoveAll(tmp)
+	for _, d := range []string{"l", "u", "w", "m"} {
+		if err := os.Mkdir(filepath.Join(tmp, d), 0o755); err != nil {
+			return false
+		}
+	}
+	opts := "lowerdir=" + filepath.Join(tmp, "l") + ",upperdir=" + filepath.Join(tmp, "u") + ",workdir=" + filepath.Join(tmp, "w")
+	if err := unix.Mount("overlay", filepath.Join(tmp, "m"), "overlay", 0, opts); err != nil {
+		return false
+	}
+	_ = unix.Unmount(filepath.Join(tmp, "m"), unix.MNT_DETACH)
+	return true
+}
+
+func (b *build) launch(ctx context.Context) error {
+	r := b.r
+	spec := b.e.rec.Pod.Spec
+	hostNet := len(spec.Networks) == 1 && spec.Networks[0] == "host"
+	c := stageConfig{
+		Root:     b.stagerRoot(),
+		Overlay:  b.overlay(),
+		Hostname: spec.Name,
+		HostNet:  hostNet,
+		Exec:     b.stager.Manifest.App.Exec,
+		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+	}
+	for _, e := range b.stager.Manifest.App.Environment {
+		c.Env = append(c.Env, e.Name+"="+e.Value)
+	}
+	for id, p := range b.layers {
+		c.Binds = append(c.Binds, bindSpec{Source: p, Target: filepath.Join(stagerspec.LayersDir, id), ReadOnly: true})
+	}
+	for name, src := range b.volumes {
+		c.Binds = append(c.Binds, bindSpec{Source: src, Target: filepath.Join(stagerspec.VolumesDir, name), ReadOnly: b.ro[name]})
+	}
+	v2only := false
+	for i, cg := range r.cgroups {
+		if i < len(b.e.rec.Cgroups) {
+			c.Cgroups = append(c.Cgroups, bindSpec{Source: b.e.rec.Cgroups[i], Target: cg.Path})
+			v2only = v2only || (cg.V2 && cg.Path == "/sys/fs/cgroup")
+		}
+	}
+	c.CgroupV2Only = v2only
+	arg, err := json.Marshal(&c)
+	if err != nil {
+		return fmt.Errorf("encode stage-init config: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(b.dir, "stager.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open stager log: %w", err)
+	}
+	b.deadline = time.Now().Add(r.opts.ReadyTimeout)
+	var p *launched
+	if !hostNet {
+		// A warm spare is already in fresh namespaces, its Go runtime
+		// started: hand it the config and the log.
+		if p = r.takeSpare(); p != nil {
+			if err := p.configure(arg, logf); err != nil {
+				r.log.Debug("spare stage-init unusable; starting a fresh one", "err", err)
+				p.abandon()
+				p = nil
+			}
+		}
+	}
+	if p == nil {
+		if p, err = r.spawn(string(arg), logf, hostNet); err != nil {
+			logf.Close()
+			return err
+		}
+	}
+	p.log = logf
+	b.proc = p
+	cmd := p.cmd
+	pid := cmd.Process.Pid
+	st, err := procStartTime(pid)
+	if err != nil {
+		return fmt.Errorf("stager %d: %w", pid, err)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd of stager: %w", err)
+	}
+	b.r.mu.Lock()
+	b.e.pidfd = fd
+	b.e.rec.Pod.StagerPID = pid
+	b.e.rec.StagerStart = st
+	b.r.mu.Unlock()
+	if err := joinCgroups(b.e.rec.Cgroups, pid); err != nil {
+		return err
+	}
+	return b.r.save(b.e, false)
+}
+
+// spawn starts a stage-init child in new namespaces: arg is its config
+// (or spareArg), out its stdout and stderr (nil: /dev/null).
+func (r *Runtime) spawn(arg string, out *os.File, hostNet bool) (*launched, error) {
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	goW, goR := os.NewFile(uintptr(sp[0]), "stage-init-go"), os.NewFile(uintptr(sp[1]), "stage-init-go-child")
+	defer goR.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		goW.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer readyW.Close()
+	statR, statW, err := os.Pipe()
+	if err != nil {
+		goW.Close()
+		readyR.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer statW.Close()
+	p := &launched{goW: goW, readyR: readyR, statR: statR, waited: make(chan struct{})}
+	cmd := exec.Command(r.opts.Executable, StageInitArg, arg)
+	if out != nil {
+		cmd.Stdout, cmd.Stderr = out, out
+	}
+	cmd.ExtraFiles = []*os.File{goR, readyW, statW}
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
+	if !hostNet {
+		flags |= unix.CLONE_NEWNET
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Setsid: true}
+	if err := cmd.Start(); err != nil {
+		p.close()
+		return nil, fmt.Errorf("start stage-init: %w", err)
+	}
+	p.cmd = cmd
+	go func() {
+		err := cmd.Wait()
+		p.status = exitStatus(err)
+		close(p.waited)
+	}()
+	return p, nil
+}
+
+// configure hands a spare its config and log descriptor.
+func (p *launched) configure(arg []byte, logf *os.File) error {
+	select {
+	case <-p.waited:
+		return errors.New("spare exited")
+	default:
+	}
+	sc, err := p.goW.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = sc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), arg, unix.UnixRights(int(logf.Fd())), nil, 0)
+		return true
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("send config to spare: %w", err)
+	}
+	return nil
+}
+
+// abandon kills an unused or unusable stage-init and frees its pipes.
+func (p *launched) abandon() {
+	if p.cmd != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.waited
+	}
+	p.close()
+}
+
+func exitStatus(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ProcessState.String()
+	}
+	return err.Error()
+}
+
+// kill undoes launch: SIGKILL to the stage-init/stager and wait for it.
+func (b *build) kill(ctx context.Context) {
+	p := b.proc
+	if p == nil {
+		return
+	}
+	if p.cmd != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		select {
+		case <-p.waited:
+		case <-ctx.Done():
+		}
+	}
+	p.close()
+	b.r.closePidfd(b.e)
+}
+
+// closePidfd releases a pod's pidfd, under mu (see signal).
+func (r *Runtime) closePidfd(e *entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e.pidfd >= 0 {
+		unix.Close(e.pidfd)
+		e.pidfd = -1
+	}
+}
+
+func (p *launched) close() {
+	for _, f := range []*os.File{p.goW, p.readyR, p.statR, p.log} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// netnsPath is where the pod's network namespace stays referenced.
+func (b *build) netnsPath() string { return filepath.Join(b.dir, "netns") }
+
+func (b *build) bindNetNS(ctx context.Context) error {
+	spec := b.e.rec.Pod.Spec
+	if len(spec.Networks) == 1 && spec.Networks[0] == "host" {
+		return nil
+	}
+	target := b.netnsPath()
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("create netns reference: %w", err)
+	}
+	f.Close()
+	src := fmt.Sprintf("/proc/%d/ns/net", b.proc.cmd.Process.Pid)
+	if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	b.r.mu.Lock()
+	b.e.rec.Pod.NetNS = target
+	b.r.mu.Unlock()
+	return nil
+}
+
+func (b *build) unbindNetNS(ctx context.Context) {
+	if err := unix.Unmount(b.netnsPath(), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		b.r.log.Warn("unmount netns", "pod", b.e.rec.Pod.UUID, "err", err)
+	}
+	_ = os.Remove(b.netnsPath())
+}
+
+func (b *build) attachNetwork(ctx context.Context) error {
+	if b.r.opts.Network == nil {
+		return nil
+	}
+	b.r.mu.Lock()
+	p := b.e.snapshot()
+	b.r.mu.Unlock()
+	nets, err := b.r.opts.Network.Attach(ctx, p)
+	if err != nil {
+		return fmt.Errorf("attach networks: %w", err)
+	}
+	b.r.mu.Lock()
+	b.e.rec.Pod.Networks = nets
+	b.r.mu.Unlock()
+	return nil
+}
+
+func (b *build) detachNetwork(ctx context.Context) {
+	if b.r.opts.Network == nil {
+		return
+	}
+	b.r.mu.Lock()
+	p := b.e.snapshot()
+	b.r.mu.Unlock()
+	if err := b.r.opts.Network.Detach(ctx, p); err != nil {
+		b.r.log.Warn("detach networks", "pod", p.UUID, "err", err)
+	}
+}
+
+// start lets stage-init exec the stager and checks that the exec worked:
+// fd 5 is close-on-exec, so EOF without a message means success.
+func (b *build) start(ctx context.Context) error {
+	p := b.proc
+	_, _ = p.goW.Write([]byte{1})
+	p.goW.Close()
+	p.goW = nil
+	type res struct {
+		msg []byte
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		m, err := io.ReadAll(io.LimitReader(p.statR, 64*1024))
+		ch <- res{m, err}
+	}()
+	select {
+	case x := <-ch:
+		if x.err != nil {
+			return fmt.Errorf("read stage-init status: %w", x.err)
+		}
+		if len(x.msg) > 0 {
+			return errors.New(strings.TrimSpace(string(x.msg)))
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stager launch: %w", ctx.Err())
+	case <-time.After(time.Until(b.deadline)):
+		return kerrors.New(kerrors.Timeout, "stager was not started within %v (stage-init hung)", b.r.opts.ReadyTimeout)
+	}
+}
+
+// waitReady waits, bounded by ReadyTimeout, for the stager to close fd 4.
+func (b *build) waitReady(ctx context.Context) error {
+	p := b.proc
+	ch := make(chan error, 1)
+	go func() {
+		var buf [64]byte
+		for {
+			_, err := p.readyR.Read(buf[:])
+			if err != nil {
+				ch <- err
+				return
+			}
+		}
+	}()
+	timer := time.NewTimer(time.Until(b.deadline))
+	defer timer.Stop()
+	select {
+	case err := <-ch:
+		if !errors.Is(err, io.EOF) {
+			return fmt.Errorf("readiness pipe: %w", err)
+		}
+	case <-timer.C:
+		p.readyR.Close() // ends the reader goroutine
+		return kerrors.New(kerrors.Timeout, "stager did not signal readiness (close fd %d) within %v", stagerspec.ReadyFD, b.r.opts.ReadyTimeout)
+	case <-ctx.Done():
+		p.readyR.Close()
+		return fmt.Errorf("waiting for stager readiness: %w", ctx.Err())
+	}
+	// EOF also comes when the stager dies; tell the two apart.
+	select {
+	case <-p.waited:
+		return fmt.Errorf("stager exited before it was ready (%s); see %s", p.status, filepath.Join(b.dir, "stager.log"))
+	case <-time.After(2 * time.Millisecond):
+	}
+	return nil
+}
+
+// watch follows a stager this Runtime started, once the pod runs.
+func (p *launched) watch(r *Runtime, e *entry) {
+	p.close()
+	go func() {
+		<-p.waited
+		if r.isClosed() {
+			return
+		}
+		r.onExit(e, p.status, p.status == "exit status 0", true)
+	}()
+}
+
+// onExit settles a pod whose stager has exited: Exited when it exits 0
+// after a Stop (or after a Stop with an unknown status: a re-adopted
+// stager is not our child), Errored otherwise; its mounts, cgroups and
+// netns go away.
+func (r *Runtime) onExit(e *entry, status string, clean, known bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r.mu.Lock()
+	stopping := e.rec.Stopping
+	r.mu.Unlock()
+	msg := ""
+	switch {
+	case stopping && (clean || !known):
+	case stopping:
+		msg = "stager did not exit cleanly after stop: " + status
+	default:
+		msg = "stager exited unexpectedly: " + status
+	}
+	r.finish(ctx, e, msg)
+}
+
+// finish tears a pod down and records its end: Errored with msg, or Exited
+// when msg is empty.
+func (r *Runtime) finish(ctx context.Context, e *entry, msg string) {
+	e.op.Lock()
+	defer e.op.Unlock()
+	r.teardown(ctx, e)
+	r.mu.Lock()
+	if msg != "" {
+		e.rec.Pod.State = Errored
+		e.rec.Pod.Error = msg
+	} else {
+		e.rec.Pod.State = Exited
+	}
+	// Apps still running when the pod ended went down with it.
+	for i, a := range e.rec.Pod.Apps {
+		if a.Status == nil || !a.Status.Exited {
+			e.rec.Pod.Apps[i].Status = &stagerspec.AppStatus{Exited: true, ExitReason: "pod ended"}
+		}
+	}
+	e.rec.Pod.Finished = time.Now().UTC()
+	r.mu.Unlock()
+	if err := r.save(e, true); err != nil {
+		r.log.Warn("save pod record", "pod", e.rec.Pod.UUID, "err", err)
+	}
+	select {
+	case <-e.exited:
+	default:
+		close(e.exited)
+	}
+}
+
+// teardown removes what a pod holds on the host while it runs: the
+// remaining processes and cgroups, its network attachments, the netns
+// reference and the stager root mount. It is idempotent.
+func (r *Runtime) teardown(ctx context.Context, e *entry) {
+	t0 := time.Now()
+	defer func() { r.log.Debug("pod teardown", "pod", e.rec.Pod.UUID, "took", time.Since(t0)) }()
+	r.closePidfd(e)
+	r.mu.Lock()
+	p := e.snapshot()
+	cgs := e.rec.Cgroups
+	r.mu.Unlock()
+	if err := removeCgroups(cgs); err != nil {
+		r.log.Warn("remove cgroups", "pod", p.UUID, "err", err)
+	}
+	if r.opts.Network != nil && p.NetNS != "" {
+		if err := r.opts.Network.Detach(ctx, p); err != nil {
+			r.log.Warn("detach networks", "pod", p.UUID, "err", err)
+		}
+	}
+	dir := r.podDir(p.UUID)
+	if err := unmountUnder(dir); err != nil {
+		r.log.Warn("unmount pod", "pod", p.UUID, "err", err)
+	}
+	_ = os.Remove(filepath.Join(dir, "netns"))
+	r.mu.Lock()
+	e.rec.Pod.NetNS = ""
+	r.mu.Unlock()
+}

@@ -1,0 +1,202 @@
+package pod
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/image"
+)
+
+// Networker attaches a pod's network namespace to its networks. The
+// networking issue supplies one; nil means the pod only gets the loopback
+// (or the host's namespace for Spec.Networks == ["host"]). Attach runs after
+// the namespace exists and before the stager starts its apps; Detach must be
+// idempotent (a missing namespace or interface is success).
+type Networker interface {
+	Attach(ctx context.Context, p *Pod) ([]json.RawMessage, error)
+	Detach(ctx context.Context, p *Pod) error
+}
+
+// Options configures a Runtime.
+type Options struct {
+	// PodsDir holds <uuid>/ per pod; VolumesDir the pods' empty volumes.
+	PodsDir    string
+	VolumesDir string
+	// Images is the image store (required).
+	Images image.Store
+	// StagerImage is the default stager image URI or reference (required).
+	StagerImage string
+	// StagerConfig is passed untouched into each stager manifest.
+	StagerConfig json.RawMessage
+	// ReadyTimeout bounds the wait for the stager's readiness (default 60s).
+	ReadyTimeout time.Duration
+	// KurmaVersion goes into the stager manifest.
+	KurmaVersion string
+	// Executable is the binary re-executed as `<exe> stage-init` (default
+	// os.Executable()). It must dispatch to StageInit; see launch.go.
+	Executable string
+	// Nsenter is the nsenter binary used for call-ins (default: looked up
+	// in PATH).
+	Nsenter string
+	// CgroupRoot is the folder under each cgroup hierarchy where pod
+	// cgroups are made (default "kurma").
+	CgroupRoot string
+	// CopyStagerRoot copies the stager rootfs into each pod instead of
+	// mounting an overlay over the shared extracted copy (the fallback
+	// kurmad also takes by itself when overlayfs is unavailable).
+	CopyStagerRoot bool
+	// NoSpare turns off the warm spare stage-init (spare.go): every pod
+	// start then forks its own.
+	NoSpare bool
+	// Network attaches pods to their networks; nil: loopback only.
+	Network Networker
+	// Logger receives step timings at debug level (default slog.Default()).
+	Logger *slog.Logger
+	// FailStep makes Create fail right after the named start step has done
+	// its work (tests of the rollback; see steps in create.go).
+	FailStep string
+}
+
+// Runtime is kurmad's pod manager: the concrete pod.Manager.
+//
+// Locking: mu guards pods, byName and every field of every entry's rec
+// and state flags; it is never held across a blocking call (I/O with a
+// stager, waits, mounts). Per-pod operations serialise on entry.op.
+type Runtime struct {
+	opts    Options
+	log     *slog.Logger
+	cgroups []cgroupMount
+
+	// closeCtx ends the watchers of adopted pods when the Runtime closes.
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
+	wg          sync.WaitGroup
+
+	// cgMu serialises the making of cgroup folders (shared parents).
+	cgMu sync.Mutex
+
+	// spareMu guards spare (the warm stage-init, spare.go) and spareBusy
+	// (one is being started).
+	// copyRoot: copy the stager rootfs per pod (no overlayfs here).
+	copyRoot bool
+
+	spareMu   sync.Mutex
+	spare     *launched
+	spareBusy bool
+
+	mu     sync.Mutex
+	closed bool
+	pods   map[string]*entry // by UUID
+}
+
+var _ Manager = (*Runtime)(nil)
+
+// New opens the pod manager on opts.PodsDir, re-adopting the pods a previous
+// kurmad left running (their stager is checked to be the same process by its
+// start time) and cleaning up those whose stager died meanwhile or whose
+// creation was interrupted.
+func New(ctx context.Context, opts Options) (*Runtime, error) {
+	if opts.Images == nil {
+		return nil, errors.New("pod.New: Options.Images is required")
+	}
+	if opts.StagerImage == "" {
+		return nil, errors.New("pod.New: Options.StagerImage is required")
+	}
+	for _, d := range []*string{&opts.PodsDir, &opts.VolumesDir} {
+		if *d == "" || !filepath.IsAbs(*d) {
+			return nil, fmt.Errorf("pod.New: pods and volumes dirs must be absolute paths (got %q)", *d)
+		}
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 60 * time.Second
+	}
+	if opts.KurmaVersion == "" {
+		opts.KurmaVersion = "0.1.0"
+	}
+	if opts.CgroupRoot == "" {
+		opts.CgroupRoot = "kurma"
+	}
+	if opts.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
+		opts.Executable = exe
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	for _, d := range []string{opts.PodsDir, opts.VolumesDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	cgs, err := findCgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	r := &Runtime{
+		opts:    opts,
+		log:     opts.Logger,
+		cgroups: cgs,
+		pods:    map[string]*entry{},
+	}
+	r.copyRoot = opts.CopyStagerRoot || !overlayWorks(opts.PodsDir)
+	if r.copyRoot && !opts.CopyStagerRoot {
+		r.log.Warn("overlayfs unavailable under the pods dir; stager roots will be copied", "dir", opts.PodsDir)
+	}
+	r.closeCtx, r.closeCancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := r.recover(ctx); err != nil {
+		r.closeCancel()
+		return nil, err
+	}
+	if !opts.NoSpare {
+		r.refillSpare()
+	}
+	return r, nil
+}
+
+// Close stops watching the pods without stopping them: a new Runtime on the
+// same directories re-adopts them.
+func (r *Runtime) Close(ctx context.Context) error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.closeCancel()
+	defer func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, e := range r.pods {
+			if e.pidfd >= 0 {
+				unix.Close(e.pidfd)
+				e.pidfd = -1
+			}
+		}
+	}()
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		r.dropSpare()
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close pod manager: %w", ctx.Err())
+	}
+}
+
+func (r *Runtime) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+func (r *Runtime) podDir(uuid string) string { return filepath.Join(r.opts.PodsDir, uuid) }

@@ -1,0 +1,255 @@
+// NOTE for cmd/kurmad/main.go (API/CLI engineer): the pod manager starts
+// every stager by re-executing the kurmad binary as
+//
+//	kurmad stage-init <json>     (or: kurmad stage-init -spare, a warm
+//	                              spare that gets its config on fd 3)
+//
+// so main must, before anything else (flags, logging, config):
+//
+//	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
+//		os.Exit(pod.StageInit(os.Args[2:]))
+//	}
+//
+// The child is already in its new mount/net/UTS/IPC namespaces (clone
+// flags), so the Go runtime's threads all share them; it sets up the
+// stager's root, waits for the daemon's go-ahead, chroots and execs the
+// stager.
+
+package pod
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// StageInitArg is the hidden first argument that makes kurmad run StageInit.
+const StageInitArg = "stage-init"
+
+// File descriptors of the daemon → stage-init protocol. ReadyFD (4) is the
+// stager spec's readiness pipe and passes through to the stager.
+const (
+	goFD     = 3 // read end: one byte "go" from the daemon, EOF = abort
+	statusFD = 5 // write end, close-on-exec: an error message, or EOF on exec
+)
+
+// overlaySpec is the overlay of a stager's root.
+type overlaySpec struct {
+	Lower string `json:"lower"`
+	Upper string `json:"upper"`
+	Work  string `json:"work"`
+}
+
+// bindSpec is one bind mount into the stager root.
+type bindSpec struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"` // path inside the root
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+// stageConfig is what the daemon passes to stage-init (as argv[2]).
+type stageConfig struct {
+	Root string `json:"root"`
+	// Overlay, when set, is mounted at Root first (inside the stager's
+	// mount namespace: the host never sees it).
+	Overlay  *overlaySpec `json:"overlay,omitempty"`
+	Hostname string       `json:"hostname,omitempty"`
+	HostNet  bool         `json:"hostNet,omitempty"`
+	Binds    []bindSpec   `json:"binds"`
+	// Cgroups bind the pod's cgroup folders at their hierarchy's mount
+	// point inside the root.
+	Cgroups []bindSpec `json:"cgroups,omitempty"`
+	// CgroupV2Only is set when /sys/fs/cgroup itself is cgroup2.
+	CgroupV2Only bool     `json:"cgroupV2Only,omitempty"`
+	Exec         []string `json:"exec"`
+	Env          []string `json:"env,omitempty"`
+}
+
+// StageInit is the body of `kurmad stage-init`: it runs in the fresh
+// namespaces of a new stager, prepares its root, waits for the daemon's
+// go-ahead on fd 3, chroots and execs the stager with fd 4 (readiness) as
+// the only extra descriptor. It returns an exit code only on failure, after
+// writing the reason to fd 5 and stderr.
+func StageInit(args []string) int {
+	fail := func(err error) int {
+		msg := "stage-init: " + err.Error()
+		st := os.NewFile(statusFD, "status")
+		_, _ = st.Write([]byte(msg))
+		fmt.Fprintln(os.Stderr, msg)
+		return 1
+	}
+	if len(args) != 1 {
+		return fail(errors.New("expects one JSON argument"))
+	}
+	unix.CloseOnExec(goFD)
+	unix.CloseOnExec(statusFD)
+	cfg := []byte(args[0])
+	if args[0] == spareArg {
+		// A warm spare: the config and the log descriptor come later.
+		var err error
+		if cfg, err = receiveConfig(); err != nil {
+			return fail(err)
+		}
+		if cfg == nil {
+			return 0 // the daemon let its spare go
+		}
+	}
+	var c stageConfig
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		return fail(fmt.Errorf("decode config: %w", err))
+	}
+	if err := setupRoot(&c); err != nil {
+		return fail(err)
+	}
+	var b [1]byte
+	if n, _ := io.ReadFull(os.NewFile(goFD, "go"), b[:]); n != 1 {
+		return fail(errors.New("daemon aborted the start"))
+	}
+	if err := unix.Chroot(c.Root); err != nil {
+		return fail(fmt.Errorf("chroot %s: %w", c.Root, err))
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fail(fmt.Errorf("chdir /: %w", err))
+	}
+	if len(c.Exec) == 0 {
+		return fail(errors.New("stager has no exec"))
+	}
+	exe := c.Exec[0]
+	if !strings.HasPrefix(exe, "/") {
+		exe = "/" + exe
+	}
+	err := syscall.Exec(exe, c.Exec, c.Env)
+	return fail(fmt.Errorf("exec stager %s: %w", exe, err))
+}
+
+// spareArg is stage-init's argument for a warm spare (see spare.go).
+const spareArg = "-spare"
+
+// receiveConfig waits on fd 3 (a seqpacket socket) for the config message,
+// which carries the stager's log descriptor; the log becomes stdout and
+// stderr. nil, nil means the daemon closed the socket.
+func receiveConfig() ([]byte, error) {
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(goFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("receive config: %w", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, fmt.Errorf("receive config: no log descriptor")
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return nil, fmt.Errorf("receive config: no log descriptor")
+	}
+	for _, to := range []int{1, 2} {
+		if err := unix.Dup3(fds[0], to, 0); err != nil {
+			return nil, fmt.Errorf("redirect output: %w", err)
+		}
+	}
+	unix.Close(fds[0])
+	return buf[:n], nil
+}
+
+// setupRoot makes the mounts of the stager spec inside the new mount
+// namespace, after cutting propagation to the host.
+func setupRoot(c *stageConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / rprivate: %w", err)
+	}
+	if o := c.Overlay; o != nil {
+		opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work
+		if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("mount stager root overlay: %w", err)
+		}
+	}
+	if c.Hostname != "" {
+		_ = unix.Sethostname([]byte(c.Hostname))
+	}
+	if !c.HostNet {
+		if lo, err := netlink.LinkByName("lo"); err == nil {
+			_ = netlink.LinkSetUp(lo)
+		}
+	}
+	in := func(p string) string { return filepath.Join(c.Root, filepath.Clean("/"+p)) }
+	for _, b := range c.Binds {
+		if err := bindInto(b.Source, in(b.Target), b.ReadOnly, false); err != nil {
+			return err
+		}
+	}
+	if err := bindInto("/dev", in("/dev"), false, true); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(in("/proc"), 0o755); err != nil {
+		return fmt.Errorf("create /proc: %w", err)
+	}
+	if err := unix.Mount("proc", in("/proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	if err := os.MkdirAll(in("/sys"), 0o755); err != nil {
+		return fmt.Errorf("create /sys: %w", err)
+	}
+	if err := unix.Mount("sysfs", in("/sys"), "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /sys: %w", err)
+	}
+	if len(c.Cgroups) > 0 {
+		if !c.CgroupV2Only {
+			if err := unix.Mount("cgroup", in("/sys/fs/cgroup"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755"); err != nil {
+				return fmt.Errorf("mount /sys/fs/cgroup: %w", err)
+			}
+		}
+		for _, cg := range c.Cgroups {
+			if err := bindInto(cg.Source, in(cg.Target), false, false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// bindInto bind-mounts src on target (made as a folder or file to match),
+// read-only when ro.
+func bindInto(src, target string, ro, rec bool) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return fmt.Errorf("bind source: %w", err)
+	}
+	if st.IsDir() {
+		err = os.MkdirAll(target, 0o755)
+	} else {
+		if err = os.MkdirAll(filepath.Dir(target), 0o755); err == nil {
+			var f *os.File
+			if f, err = os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o644); err == nil {
+				f.Close()
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create mount point %s: %w", target, err)
+	}
+	flags := uintptr(unix.MS_BIND)
+	if rec {
+		flags |= unix.MS_REC
+	}
+	if err := unix.Mount(src, target, "", flags, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, target, err)
+	}
+	if ro {
+		if err := unix.Mount("", target, "", flags|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", target, err)
+		}
+	}
+	return nil
+}
