@@ -1,0 +1,214 @@
+// Command cni measures ADD and DEL latency of the mizarmp CNI plugin (with
+// the Kurma controller and host agent running) against the upstream bridge
+// plugin with host-local IPAM and ipMasq on, both driven by cnitool in the
+// same run, alternating. It also measures mizarmp's own time (process
+// start to exit, invoked directly) and prints p50/p99 and the ratios.
+//
+// Goals: mizarmp ADD <= 0.25x bridge ADD, DEL <= 0.1x bridge DEL, own time
+// < 3 ms.
+//
+// Bridge runs in a private "host" netns the benchmark creates (its bridge
+// and nft rules stay out of the real host); mizarmp runs in the real host
+// netns because it talks to the controller on loopback. Everything the
+// benchmark creates is named kcni... and removed at exit.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+)
+
+func main() {
+	n := flag.Int("n", 60, "ADD/DEL cycles per plugin")
+	flag.Parse()
+	if err := run(context.Background(), *n); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/cni:", err)
+		os.Exit(1)
+	}
+}
+
+func binDir() string {
+	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
+		return d
+	}
+	return "bin"
+}
+
+// samples is a list of durations with percentile helpers.
+type samples []time.Duration
+
+func (s samples) pct(p float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	c := slices.Clone(s)
+	slices.Sort(c)
+	i := int(p*float64(len(c))+0.5) - 1
+	return c[max(0, min(i, len(c)-1))]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
+// tool is one network driven by cnitool.
+type tool struct {
+	name    string // network name
+	cnitool string
+	path    string // CNI_PATH
+	confDir string
+	host    ns.NetNS // nil: the real host netns
+	env     []string
+}
+
+func (t *tool) run(ctx context.Context, verb, netnsPath string) (time.Duration, error) {
+	cmd := exec.CommandContext(ctx, t.cnitool, verb, t.name, netnsPath)
+	cmd.Env = append([]string{"CNI_PATH=" + t.path, "NETCONFPATH=" + t.confDir, "PATH=" + os.Getenv("PATH")}, t.env...)
+	var d time.Duration
+	var out []byte
+	do := func() error {
+		start := time.Now()
+		var err error
+		out, err = cmd.CombinedOutput()
+		d = time.Since(start)
+		return err
+	}
+	var err error
+	if t.host != nil {
+		err = t.host.Do(func(ns.NetNS) error { return do() })
+	} else {
+		err = do()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cnitool %s %s: %w: %s", verb, t.name, err, out)
+	}
+	return d, nil
+}
+
+type result struct{ add, del samples }
+
+// cycle creates a container netns, then times ADD and DEL of each tool in
+// turn (order alternating per iteration).
+func cycle(ctx context.Context, tools []*tool, res []result, i int) error {
+	order := []int{0, 1}
+	if i%2 == 1 {
+		order = []int{1, 0}
+	}
+	for _, k := range order {
+		if k >= len(tools) {
+			continue
+		}
+		ctr, err := testutils.NewNS()
+		if err != nil {
+			return err
+		}
+		d, err := tools[k].run(ctx, "add", ctr.Path())
+		if err == nil {
+			res[k].add = append(res[k].add, d)
+			d, err = tools[k].run(ctx, "del", ctr.Path())
+			res[k].del = append(res[k].del, d)
+		}
+		dropNS(ctr)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func run(ctx context.Context, n int) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	bin, err := filepath.Abs(binDir())
+	if err != nil {
+		return err
+	}
+	cnitool := filepath.Join(bin, "tools", "cnitool")
+	tmp, err := os.MkdirTemp("", "kcni-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+
+	// Upstream reference: bridge + host-local, ipMasq on, in a private host
+	// netns.
+	hostNS, err := testutils.NewNS()
+	if err != nil {
+		return fmt.Errorf("create host netns: %w", err)
+	}
+	defer dropNS(hostNS)
+	bridge := &tool{name: "kcnibr", cnitool: cnitool, path: filepath.Join(bin, "cni"), confDir: filepath.Join(tmp, "bridge"), host: hostNS}
+	if err := os.MkdirAll(bridge.confDir, 0o755); err != nil {
+		return err
+	}
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"kcnibr","plugins":[{"type":"bridge","bridge":"kcnibr0","isGateway":true,"ipMasq":true,
+"ipam":{"type":"host-local","subnet":"10.250.0.0/16","dataDir":%q,"routes":[{"dst":"0.0.0.0/0"}]}}]}`, filepath.Join(tmp, "ipam"))
+	if err := os.WriteFile(filepath.Join(bridge.confDir, "kcnibr.conflist"), []byte(conf), 0o644); err != nil {
+		return err
+	}
+	tools := []*tool{bridge}
+	names := []string{"bridge+host-local"}
+
+	mp, own, cleanup, err := setupMizarmp(ctx, log, bin, cnitool, tmp)
+	defer cleanup()
+	if err != nil {
+		fmt.Printf("mizarmp: not measured: %v\n", err)
+	} else {
+		tools = append(tools, mp)
+		names = append(names, "mizarmp")
+	}
+
+	res := make([]result, len(tools))
+	// One warm-up cycle (creates the bridge, the nft table, the VPC's
+	// datapath), not counted.
+	if err := cycle(ctx, tools, make([]result, len(tools)), 0); err != nil {
+		return err
+	}
+	for i := range n {
+		if err := cycle(ctx, tools, res, i); err != nil {
+			return err
+		}
+	}
+	if out, err := exec.Command("uptime").Output(); err == nil {
+		fmt.Printf("load: %s", out)
+	}
+	fmt.Printf("CNI ADD/DEL latency via cnitool, %d cycles each, alternating\n", n)
+	for k, r := range res {
+		fmt.Printf("  %-18s ADD p50 %s p99 %s   DEL p50 %s p99 %s\n", names[k],
+			ms(r.add.pct(0.5)), ms(r.add.pct(0.99)), ms(r.del.pct(0.5)), ms(r.del.pct(0.99)))
+	}
+	if len(res) == 2 {
+		fmt.Printf("  ratio mizarmp/bridge: ADD p50 %.2fx (goal <= 0.25x)   DEL p50 %.2fx (goal <= 0.10x)\n",
+			float64(res[1].add.pct(0.5))/float64(res[0].add.pct(0.5)),
+			float64(res[1].del.pct(0.5))/float64(res[0].del.pct(0.5)))
+	}
+	if own != nil {
+		a, d, err := own(ctx, n)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  mizarmp own work (run time minus controller wait): ADD p50 %s p99 %s   DEL p50 %s p99 %s (goal < 3ms)\n",
+			ms(a.pct(0.5)), ms(a.pct(0.99)), ms(d.pct(0.5)), ms(d.pct(0.99)))
+	}
+	return nil
+}
+
+// dropNS closes and unmounts a netns the benchmark made, retrying while
+// the unmount is busy (parallel mount changes under /run/netns).
+func dropNS(n ns.NetNS) {
+	_ = n.Close()
+	for range 20 {
+		if testutils.UnmountNS(n) == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Fprintf(os.Stderr, "bench/cni: could not remove netns %s\n", n.Path())
+}

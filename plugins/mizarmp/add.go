@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/google/uuid"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// portNamespace seeds the name-based port ids (UUID v5).
+var portNamespace = uuid.MustParse("6f1d3c2e-8a55-4f0b-9c7e-2b8e1d4a9f10")
+
+// portID is the id of the port for one attachment. It is derived from the
+// host, network name, container id and interface, which CNI guarantees are
+// unique among live attachments, so DEL and CHECK find the port with one
+// request and no cached state.
+func portID(c *NetConf, containerID, ifName string) string {
+	key := strings.Join([]string{c.HostID, c.Project, c.Subnet, c.Name, containerID, ifName}, "\x00")
+	return uuid.NewSHA1(portNamespace, []byte(key)).String()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// newPort builds the create-port body exactly as spec 003 shows it.
+func newPort(inv *invocation) controllerapi.Port {
+	c, a := inv.conf, inv.args
+	id := portID(c, a.ContainerID, a.IfName)
+	sandbox := inv.cni.SandboxID
+	if sandbox == "" {
+		sandbox = a.ContainerID
+	}
+	host, _ := os.Hostname()
+	return controllerapi.Port{
+		ProjectID:           c.Project,
+		ID:                  id,
+		Name:                "k8s_" + id,
+		AdminStateUp:        ptr(true),
+		Description:         fmt.Sprintf("cni %s, ns:%s, host:%s", sandbox, a.Netns, host),
+		NetworkID:           c.Subnet,
+		DeviceID:            a.ContainerID,
+		VethName:            a.IfName,
+		NetworkNS:           a.Netns,
+		PortSecurityEnabled: ptr(false),
+		BindingHostID:       c.HostID,
+		BindingVNICType:     "normal",
+		FastPath:            ptr(true),
+	}
+}
+
+// cmdAdd creates the port, waits until the agent reports it UP, and prints
+// the result in the config's cniVersion. On any failure after the create
+// the port is deleted again.
+func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
+	c, a := inv.conf, inv.args
+	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
+		return err
+	}
+	if c.PrevResult != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			(&fieldError{"prevResult", "mizarmp must be the first plugin of its chain"}).Error(), "")
+	}
+	want := newPort(inv)
+	created, err := createPort(ctx, inv, want)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			rollback(inv, created.ID)
+		}
+	}()
+
+	// The subnet does not change while we wait: fetch it concurrently.
+	type subnetResult struct {
+		s   *controllerapi.Subnet
+		err error
+	}
+	subCh := make(chan subnetResult, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, c.reqTime)
+		defer cancel()
+		s, err := inv.api.GetSubnet(rctx, c.Project, c.Subnet)
+		subCh <- subnetResult{s, err}
+	}()
+
+	up, err := waitUp(ctx, inv, created)
+	if err != nil {
+		return err
+	}
+	sr := <-subCh
+	if sr.err != nil {
+		return fmt.Errorf("get subnet %s: %w", c.Subnet, sr.err)
+	}
+	res, err := buildResult(c, a.IfName, a.Netns, up, sr.s)
+	if err != nil {
+		return err
+	}
+	return types.PrintResult(res, c.CNIVersion)
+}
+
+// createPort POSTs the port. A conflict means a port with our id survived
+// an earlier ADD that never got its DEL (a crash): it is replaced once.
+func createPort(ctx context.Context, inv *invocation, p controllerapi.Port) (*controllerapi.Port, error) {
+	c := inv.conf
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, c.reqTime)
+		created, err := inv.api.CreatePort(rctx, c.Project, p)
+		cancel()
+		if err == nil {
+			return created, nil
+		}
+		if attempt > 0 || !errors.Is(err, kerrors.Conflict) {
+			return nil, fmt.Errorf("create port %s: %w", p.ID, err)
+		}
+		rctx, cancel = context.WithTimeout(ctx, c.reqTime)
+		old, gerr := inv.api.GetPort(rctx, c.Project, p.ID)
+		cancel()
+		if gerr != nil || old.DeviceID != p.DeviceID || old.BindingHostID != p.BindingHostID {
+			return nil, fmt.Errorf("create port %s: %w", p.ID, err)
+		}
+		slog.Warn("replacing stale port", "port", p.ID, "container", p.DeviceID)
+		rctx, cancel = context.WithTimeout(ctx, c.reqTime)
+		derr := inv.api.DeletePort(rctx, c.Project, p.ID)
+		cancel()
+		if derr != nil && !errors.Is(derr, kerrors.NotFound) {
+			return nil, fmt.Errorf("delete stale port %s: %w", p.ID, derr)
+		}
+	}
+}
+
+// rollback deletes a port created by a failed ADD, on a fresh context so a
+// cancelled ADD still cleans up.
+func rollback(inv *invocation, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), inv.conf.reqTime)
+	defer cancel()
+	if err := inv.api.DeletePort(ctx, inv.conf.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
+		slog.Error("rollback: delete port", "port", id, "err", err)
+	}
+}
+
+// waitUp blocks until the port is UP, using the controller's long poll and
+// falling back to plain polling (with backoff) when a poll returns early
+// without UP. It gives up after the config's up timeout (spec 003: 1m).
+func waitUp(ctx context.Context, inv *invocation, p *controllerapi.Port) (*controllerapi.Port, error) {
+	c := inv.conf
+	deadline := time.Now().Add(c.upTimeout)
+	backoff := 5 * time.Millisecond
+	for {
+		switch p.Status {
+		case controllerapi.StatusUp:
+			return p, nil
+		case controllerapi.StatusError:
+			return nil, fmt.Errorf("port %s is ERROR: %s", p.ID, p.StatusReason)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("port %s still %s after %s: %w", p.ID, p.Status, c.upTimeout,
+				kerrors.New(kerrors.Timeout, "waiting for UP"))
+		}
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, left+c.reqTime)
+		np, err := inv.api.WaitPort(rctx, c.Project, p.ID, controllerapi.StatusUp, left)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("wait for port %s: %w", p.ID, err)
+		}
+		p = np
+		if p.Status == controllerapi.StatusUp || p.Status == controllerapi.StatusError {
+			continue
+		}
+		// Returned early without UP: the controller ignores long polls, or
+		// the port is DOWN. Poll with backoff.
+		if time.Since(start) < left/2 {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("wait for port %s: %w", p.ID, ctx.Err())
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 500*time.Millisecond)
+		}
+	}
+}
+
+// buildResult turns the UP port and its subnet into a CNI 1.x result.
+func buildResult(c *NetConf, ifName, netns string, p *controllerapi.Port, s *controllerapi.Subnet) (*types100.Result, error) {
+	if len(p.FixedIPs) == 0 {
+		return nil, fmt.Errorf("port %s has no fixed_ips", p.ID)
+	}
+	_, cidr, err := net.ParseCIDR(s.CIDR)
+	if err != nil {
+		return nil, fmt.Errorf("subnet %s cidr %q: %w", s.ID, s.CIDR, err)
+	}
+	res := &types100.Result{
+		CNIVersion: types100.ImplementedSpecVersion,
+		Interfaces: []*types100.Interface{{Name: ifName, Mac: p.MACAddress, Sandbox: netns}},
+		DNS:        c.DNS,
+	}
+	if len(res.DNS.Nameservers) == 0 {
+		res.DNS.Nameservers = s.DNSNameservers
+	}
+	gw := net.ParseIP(s.GatewayIP)
+	for _, f := range p.FixedIPs {
+		ip := net.ParseIP(f.IPAddress)
+		if ip == nil || !cidr.Contains(ip) {
+			return nil, fmt.Errorf("port %s address %q is not in subnet %s", p.ID, f.IPAddress, s.CIDR)
+		}
+		if ip4 := ip.To4(); ip4 != nil {
+			ip = ip4
+		}
+		res.IPs = append(res.IPs, &types100.IPConfig{
+			Interface: types100.Int(0),
+			Address:   net.IPNet{IP: ip, Mask: cidr.Mask},
+			Gateway:   gw,
+		})
+	}
+	if gw != nil {
+		dst := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+		if gw.To4() == nil {
+			dst = net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+		}
+		res.Routes = []*types.Route{{Dst: dst, GW: gw}}
+	}
+	return res, nil
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/utils"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// cmdDel deletes the attachment's port. It needs neither the netns nor a
+// cached result: the port id is derived from the attachment, and when no
+// port has it (one created by another version, say), the ports bound to
+// this host for the container id are listed and those with our interface
+// name deleted. A missing port is success.
+func cmdDel(ctx context.Context, inv *invocation) error {
+	c, a := inv.conf, inv.args
+	if err := utils.ValidateInterfaceName(a.IfName); err != nil {
+		return err
+	}
+	id := portID(c, a.ContainerID, a.IfName)
+	err := deletePort(ctx, inv, id)
+	if err == nil || !errors.Is(err, kerrors.NotFound) {
+		return err
+	}
+	ports, err := findPorts(ctx, inv, a.ContainerID, a.IfName)
+	if errors.Is(err, kerrors.NotFound) {
+		return nil // the project itself is gone: so is the port
+	}
+	if err != nil {
+		return err
+	}
+	for _, p := range ports {
+		if err := deletePort(ctx, inv, p.ID); err != nil && !errors.Is(err, kerrors.NotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+func deletePort(ctx context.Context, inv *invocation, id string) error {
+	rctx, cancel := context.WithTimeout(ctx, inv.conf.reqTime)
+	defer cancel()
+	if err := inv.api.DeletePort(rctx, inv.conf.Project, id); err != nil {
+		return fmt.Errorf("delete port %s: %w", id, err)
+	}
+	return nil
+}
+
+// findPorts lists this host's ports on our subnet for a container and
+// interface.
+func findPorts(ctx context.Context, inv *invocation, containerID, ifName string) ([]controllerapi.Port, error) {
+	c := inv.conf
+	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
+	defer cancel()
+	ports, err := inv.api.ListPorts(rctx, c.Project, controllerapi.PortFilter{HostID: c.HostID, DeviceID: containerID})
+	if err != nil {
+		return nil, fmt.Errorf("list ports of %s: %w", containerID, err)
+	}
+	var out []controllerapi.Port
+	for _, p := range ports {
+		if p.DeviceID == containerID && p.VethName == ifName && p.BindingHostID == c.HostID && p.NetworkID == c.Subnet {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}

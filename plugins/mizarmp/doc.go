@@ -1,0 +1,20 @@
+// Command mizarmp is the CNI plugin (type "mizarmp") backed by the Kurma
+// network controller, following spec 003: ADD creates a port for the
+// attachment (POST project/<project>/ports), waits for the host agent to
+// plug it and report it UP, reads the subnet for prefix and gateway, and
+// prints the CNI result; DEL deletes the port; CHECK compares the port with
+// the interface in the container netns; GC deletes this host's ports that no
+// valid attachment owns; STATUS asks the controller. It speaks CNI 0.1.0
+// through 1.1.0.
+//
+// The plugin owns no local state. Port ids are derived (UUID v5) from host,
+// project, subnet, network name, container id and interface, so DEL and
+// CHECK need no cache and find the port with a single request.
+//
+// Locking: none; each invocation is one short-lived process.
+//
+// Speed matters (one exec per pod): this package must stay small and must
+// never import Kubernetes, etcd, prometheus or the controller's server or
+// store packages; it talks to the controller only through
+// pkg/controllerapi.
+package main

@@ -1,0 +1,14 @@
+// Package mpenv starts a real Kurma network control plane for mizarmp
+// tests and benchmarks: the kurma-controller binary on a loopback port with
+// a bbolt store in a temp dir, optionally the kurma-agent binary for this
+// host, and a project, VPC and subnet to attach to. Close stops both
+// processes (by PID) and removes every link and the nft table the agent
+// made under the caller's prefix.
+//
+// It does not import testing, so the benchmark (package main) can use it;
+// tests wrap it with a t.Cleanup. It must not import the controller's or
+// agent's internal packages: it drives the shipped binaries.
+//
+// Locking: an Env is used from one goroutine (its Client is concurrency
+// safe).
+package mpenv
