@@ -19,7 +19,9 @@ func NewNetNS(t testing.TB) ns.NetNS {
 	}
 	t.Cleanup(func() {
 		_ = n.Close()
-		_ = testutils.UnmountNS(n)
+		if err := testutils.UnmountNS(n); err != nil {
+			t.Errorf("remove netns %s: %v", n.Path(), err)
+		}
 	})
 	return n
 }

@@ -1,0 +1,201 @@
+package stager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/stagerspec"
+)
+
+// RunStager is the stager's main: it reads /manifest, builds every app's
+// filesystem, starts the pod init, closes the readiness descriptor once
+// the apps run, and stays up until ctx is cancelled (SIGTERM), when it
+// stops the pod within the grace period and tears its mounts down. It
+// returns an error if the pod init dies on its own.
+func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
+	closeInheritedOnExec()
+	b, err := os.ReadFile(stagerspec.ManifestPath)
+	if err != nil {
+		return fmt.Errorf("read manifest: %w", err)
+	}
+	m, cfg, err := ParseManifest(b)
+	if err != nil {
+		return err
+	}
+	for _, d := range []string{AppsDir, LogsDir, RunDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("mkdir %s: %w", d, err)
+		}
+	}
+	// Init starts now, so that its start-up overlaps building the apps'
+	// filesystems. Its mount namespace is a copy of ours taken now; what
+	// we mount under AppsDir afterwards reaches it because AppsDir is a
+	// shared mount (init makes its copy private once it has the start
+	// request, when everything is mounted).
+	// built lists the apps whose mounts teardown removes; on failure it
+	// runs after init is killed (defers run last first).
+	var built []string
+	defer func() {
+		if retErr != nil {
+			teardown(log, built)
+		}
+	}()
+	if err := shareMount(AppsDir); err != nil {
+		return err
+	}
+	// Pdeathsig belongs to the thread that starts init: keep it.
+	runtime.LockOSThread()
+	ctl, child, err := socketpair()
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	self, err := os.Executable()
+	if err != nil {
+		self = "/stager" // where the stager image puts us
+	}
+	cmd := exec.Command(self, "init")
+	cmd.Args[0] = "init"
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		child.Close()
+		return fmt.Errorf("start pod init: %w", err)
+	}
+	child.Close()
+	// initDone is closed once init is reaped; initErr is its wait error.
+	initDone := make(chan struct{})
+	var initErr error
+	go func() { initErr = cmd.Wait(); close(initDone) }()
+	defer func() {
+		if retErr != nil {
+			_ = cmd.Process.Kill()
+			<-initDone
+		}
+	}()
+	plans := make([]AppPlan, 0, len(m.Pod.Apps))
+	for _, ra := range m.Pod.Apps {
+		def, err := appDefinition(m, ra)
+		if err != nil {
+			return err
+		}
+		built = append(built, ra.Name)
+		union, err := buildRootfs(log, ra.Name, m.AppImageOrder[ra.Name], cfg.Union)
+		if err != nil {
+			return err
+		}
+		rootfs := AppRootfs(ra.Name)
+		if err := prepareMounts(m, ra, def, rootfs); err != nil {
+			return fmt.Errorf("app %q: %w", ra.Name, err)
+		}
+		p, err := planApp(m, ra, rootfs)
+		if err != nil {
+			return err
+		}
+		log.Info("app prepared", "app", ra.Name, "union", union, "exec", p.Exec[0])
+		plans = append(plans, p)
+	}
+
+	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: m.Name, LogMaxBytes: cfg.LogMaxBytes}); err != nil {
+		return fmt.Errorf("pod init: %w", err)
+	}
+	var resp response
+	if _, err := recv(ctl, &resp); err != nil {
+		return fmt.Errorf("pod init: %w", err)
+	}
+	if err := resp.err(); err != nil {
+		return fmt.Errorf("pod init: %w", err)
+	}
+	signalReady(log)
+	log.Info("pod running", "apps", len(plans), "init", cmd.Process.Pid)
+
+	select {
+	case <-initDone:
+		return fmt.Errorf("pod init exited: %v", initErr)
+	case <-ctx.Done():
+	}
+	grace := cfg.Grace()
+	log.Info("stopping pod", "grace", grace)
+	if err := send(ctl, request{Op: opShutdown, GraceNS: int64(grace)}); err != nil {
+		log.Warn("shutdown request", "err", err)
+	}
+	select {
+	case <-initDone:
+	case <-time.After(grace + 10*time.Second):
+		_ = cmd.Process.Kill()
+		<-initDone
+	}
+	teardown(log, built)
+	return nil
+}
+
+// shareMount makes dir a mount point of its own with shared propagation.
+func shareMount(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
+}
+
+// signalReady closes the readiness descriptor if we were given one.
+func signalReady(log *slog.Logger) {
+	if _, err := unix.FcntlInt(stagerspec.ReadyFD, unix.F_GETFD, 0); err != nil {
+		log.Warn("no readiness descriptor", "fd", stagerspec.ReadyFD)
+		return
+	}
+	if err := unix.Close(stagerspec.ReadyFD); err != nil {
+		log.Warn("close readiness descriptor", "err", err)
+	}
+}
+
+// closeInheritedOnExec keeps the descriptors the daemon passed (the
+// readiness fd above all) out of init and the apps.
+func closeInheritedOnExec() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		for fd := 3; fd < 64; fd++ {
+			unix.CloseOnExec(fd)
+		}
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
+}
+
+// teardown unmounts the apps' filesystems, then AppsDir's own mount.
+func teardown(log *slog.Logger, apps []string) {
+	for _, a := range apps {
+		if err := teardownRootfs(a); err != nil && !errors.Is(err, kerrors.NotFound) {
+			log.Warn("teardown", "app", a, "err", err)
+		}
+	}
+	err := unix.Unmount(AppsDir, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(AppsDir, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) {
+		log.Warn("teardown", "dir", AppsDir, "err", err)
+	}
+}
