@@ -2,11 +2,11 @@ package cniconformance
 
 import (
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"kurma.dev/kurma/internal/testutil"
 )
 
 // removeNetNS destroys a container netns early, as when the container
@@ -14,16 +14,9 @@ import (
 func removeNetNS(t testing.TB, n ns.NetNS) {
 	t.Helper()
 	_ = n.Close()
-	// Unmount can fail with EBUSY while a parallel test changes mounts
-	// under /run/netns: retry briefly.
-	var err error
-	for range 20 {
-		if err = testutils.UnmountNS(n); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := testutil.RemoveNetNS(n.Path()); err != nil {
+		t.Fatalf("remove netns: %v", err)
 	}
-	t.Fatalf("remove netns: %v", err)
 }
 
 func newCNI(path []string, cacheDir string) *libcni.CNIConfig {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/uuid"
 
 	"kurma.dev/kurma/internal/testutil"
@@ -96,7 +95,7 @@ func TestMainExecGCAndSIGTERM(t *testing.T) {
 	if err := gone.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := testutils.UnmountNS(gone); err != nil {
+	if err := testutil.RemoveNetNS(gone.Path()); err != nil {
 		t.Fatal(err)
 	}
 	// The gc is done when it has logged; by then the address, the cache
