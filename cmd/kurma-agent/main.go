@@ -50,6 +50,7 @@ func run() error {
 		mtu           = flag.Int("mtu", 0, "MTU of pod interfaces (default: underlay MTU - 50)")
 		workers       = flag.Int("workers", 4, "ports synced in parallel")
 		resync        = flag.Duration("resync", 30*time.Second, "period of the full level check")
+		vpcLinger     = flag.Duration("vpc-linger", 3*time.Second, "keep a VPC's devices this long after its last local port goes (0: remove at once)")
 		forwarding    = flag.Bool("ip-forward", true, "enable IP forwarding (routing between a VPC's subnets)")
 		verbose       = flag.Bool("v", false, "debug logging")
 	)
@@ -105,7 +106,7 @@ func run() error {
 	defer dp.Close()
 	a, err := agent.New(agent.Config{
 		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
-		Workers: *workers, Resync: *resync, Logger: log,
+		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -46,7 +46,12 @@ type Config struct {
 	// BackoffBase and BackoffMax bound the retry delay of a failing key
 	// and of a broken watch; defaults 50ms and 10s.
 	BackoffBase, BackoffMax time.Duration
-	Logger                  *slog.Logger
+	// VPCLinger keeps a VPC's bridge, VXLAN device and isolation rules
+	// this long after its last local port leaves, so a pod that follows
+	// (the common churn: DEL then ADD on the same network) plugs without
+	// recreating them and running nft. Zero removes the VPC at once.
+	VPCLinger time.Duration
+	Logger    *slog.Logger
 }
 
 // Agent reconciles this host's datapath with the controller. Build it with
@@ -58,12 +63,13 @@ type Agent struct {
 	log *slog.Logger
 	q   *queue
 
-	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, synced
+	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced
 	ports    map[string]*controllerapi.Port   // every port the controller has, by id
 	hosts    map[string]net.IP                // underlay address by host id
 	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
 	ready    map[uint32]bool                  // VPCs whose remotes are programmed
 	gateways map[uint32]map[string]bool       // gateways each VPC was last ensured with
+	empty    map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
 	synced   chan struct{}                    // closed after the first port list
 
 	vpcMu    sync.Mutex               // guards vpcLocks
@@ -101,8 +107,8 @@ func New(cfg Config) (*Agent, error) {
 		q:     newQueue(cfg.BackoffBase, cfg.BackoffMax),
 		ports: map[string]*controllerapi.Port{}, hosts: map[string]net.IP{},
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
-		gateways: map[uint32]map[string]bool{},
-		synced:   make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
+		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
+		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
 	}, nil
 }
 

@@ -16,6 +16,13 @@
 // missing and removes what is no longer wanted, and a replug of a port
 // that is already plugged is a no-op in the datapath (no second link).
 //
+// A VPC whose last local port leaves is kept for Config.VPCLinger (the
+// binary's --vpc-linger, default 3s) before it is removed: CNI churn is
+// DEL then ADD on the same network, and recreating the bridge, VXLAN
+// device and nft rules cost the next ADD ~100 ms (bench/cni). While it
+// lingers its remote entries are not kept current; the next local port's
+// plug queues a full VPC sync.
+//
 // Locking: Agent.mu guards the cache (ports, hosts) and the synced flag;
 // it is never held across a network or netlink call. Agent.vpcLocks has
 // one RWMutex per VPC: ensuring, setting remotes and deleting take it

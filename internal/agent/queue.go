@@ -77,6 +77,22 @@ func (q *queue) Retry(key string) time.Duration {
 	return d
 }
 
+// AddAfter queues key after d (without counting a failure). A key already
+// waiting for a delayed add keeps the earlier one.
+func (q *queue) AddAfter(key string, d time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.shutdown || q.timers[key] != nil {
+		return
+	}
+	q.timers[key] = time.AfterFunc(d, func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		delete(q.timers, key)
+		q.addLocked(key)
+	})
+}
+
 // Forget clears key's failure count (after a success).
 func (q *queue) Forget(key string) {
 	q.mu.Lock()

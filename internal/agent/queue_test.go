@@ -71,3 +71,25 @@ func TestQueueShutdownWakesWorkers(t *testing.T) {
 	q.Shutdown()
 	wg.Wait()
 }
+
+func TestQueueAddAfter(t *testing.T) {
+	q := newQueue(time.Millisecond, 10*time.Millisecond)
+	defer q.Shutdown()
+	start := time.Now()
+	q.AddAfter("a", 80*time.Millisecond)
+	q.AddAfter("a", time.Millisecond) // the earlier timer stays
+	if q.Len() != 0 {
+		t.Fatalf("len %d before the delay", q.Len())
+	}
+	k, ok := q.Get()
+	if !ok || k != "a" {
+		t.Fatalf("got %q %v", k, ok)
+	}
+	if d := time.Since(start); d < 80*time.Millisecond {
+		t.Fatalf("handed out after %v, want >= 80ms", d)
+	}
+	q.Done("a")
+	if q.Len() != 0 {
+		t.Fatalf("delayed add counted twice: len %d", q.Len())
+	}
+}

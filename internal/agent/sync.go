@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/kerrors"
@@ -78,6 +79,7 @@ func (a *Agent) syncPort(ctx context.Context, id string) error {
 	}
 	a.mu.Lock()
 	needRemotes := !a.ready[spec.VNI]
+	delete(a.empty, spec.VNI) // in use again: a later empty spell lingers in full
 	a.mu.Unlock()
 	if needRemotes {
 		a.q.Add(vpcKey(spec.VNI))
@@ -164,15 +166,29 @@ func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
 	}
 	a.mu.Unlock()
 	if nlocal == 0 {
+		if wait := a.lingerLeft(vni); wait > 0 {
+			// Keep the VPC a while for the next pod; look again then.
+			// Remote changes are not programmed meanwhile, so the next
+			// plug must queue a full VPC sync.
+			a.mu.Lock()
+			delete(a.ready, vni)
+			a.mu.Unlock()
+			a.q.AddAfter(vpcKey(vni), wait)
+			return nil
+		}
 		a.mu.Lock()
 		delete(a.ready, vni)
 		delete(a.gateways, vni)
+		delete(a.empty, vni)
 		a.mu.Unlock()
 		if err := a.dp.DeleteVPC(ctx, vni); err != nil {
 			return err
 		}
 		return nil
 	}
+	a.mu.Lock()
+	delete(a.empty, vni)
+	a.mu.Unlock()
 	if err := a.ensureVPC(ctx, vni); err != nil {
 		a.forgetVPC(vni)
 		return err
@@ -184,6 +200,27 @@ func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
 	a.ready[vni] = true
 	a.mu.Unlock()
 	return nil
+}
+
+// lingerLeft says how much longer an empty VPC is kept: it starts the
+// clock the first time the VPC is found empty. A VPC the agent never
+// programmed itself (an orphan found by a resync, or one left by an
+// earlier run) is not kept.
+func (a *Agent) lingerLeft(vni uint32) time.Duration {
+	if a.cfg.VPCLinger <= 0 {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.gateways[vni] == nil && a.empty[vni].IsZero() {
+		return 0
+	}
+	since, ok := a.empty[vni]
+	if !ok {
+		since = time.Now()
+		a.empty[vni] = since
+	}
+	return a.cfg.VPCLinger - time.Since(since)
 }
 
 // localSpecs converts the cached local ports of a VPC, skipping those

@@ -174,10 +174,11 @@ func (s *Server) feedEvent(c *counter, ev store.Event) {
 	if ev.Type == store.EventPut {
 		_ = json.Unmarshal(ev.Value, &cur)
 	}
-	if prev.Status != cur.Status {
-		s.applyDelta(c, delta{rev: ev.Rev, from: prev.Status, to: cur.Status})
-	}
+	// The histogram first: whoever sees the gauge move sees it too.
 	if prev.Status == capi.StatusPending && cur.Status == capi.StatusUp && !cur.CreatedAt.IsZero() {
 		s.metrics.upLatency.Observe(time.Since(cur.CreatedAt).Seconds())
+	}
+	if prev.Status != cur.Status {
+		s.applyDelta(c, delta{rev: ev.Rev, from: prev.Status, to: cur.Status})
 	}
 }

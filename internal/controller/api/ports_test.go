@@ -307,14 +307,17 @@ func TestStatusAndLongPoll(t *testing.T) {
 		}
 	})
 	t.Run("wakes on UP", func(t *testing.T) {
+		setErr := make(chan error, 1)
 		go func() {
 			time.Sleep(100 * time.Millisecond)
-			if _, err := e.cli.SetPortStatus(ctx, "p1", "lp", capi.StatusUp, ""); err != nil {
-				t.Error(err)
-			}
+			_, err := e.cli.SetPortStatus(ctx, "p1", "lp", capi.StatusUp, "")
+			setErr <- err
 		}()
 		start := time.Now()
 		p, err := e.cli.WaitPort(ctx, "p1", "lp", capi.StatusUp, 10*time.Second)
+		if serr := <-setErr; serr != nil {
+			t.Fatalf("SetPortStatus UP: %v", serr)
+		}
 		if err != nil || p.Status != capi.StatusUp {
 			t.Fatalf("WaitPort = %+v, %v", p, err)
 		}

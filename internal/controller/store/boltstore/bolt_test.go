@@ -2,8 +2,10 @@ package boltstore_test
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"kurma.dev/kurma/internal/controller/store"
 	"kurma.dev/kurma/internal/controller/store/boltstore"
@@ -81,5 +83,40 @@ func TestSecondOpenFails(t *testing.T) {
 	if s, err := boltstore.Open(path, boltstore.Options{}); err == nil {
 		_ = s.Close()
 		t.Fatal("second Open of a locked file succeeded")
+	}
+}
+
+// TestHistoryAfterCompaction: the events kept after the history is
+// compacted in place (several times over) are the newest ones, in order,
+// with their values.
+func TestHistoryAfterCompaction(t *testing.T) {
+	for _, tc := range []struct{ history, puts, back int }{
+		{history: 4, puts: 50, back: 4},
+		{history: 7, puts: 100, back: 3},
+		{history: 16, puts: 33, back: 16},
+	} {
+		t.Run(fmt.Sprintf("keep%d_puts%d", tc.history, tc.puts), func(t *testing.T) {
+			s := open(t, filepath.Join(t.TempDir(), "h.db"), boltstore.Options{History: tc.history, NoSync: true})
+			for i := range tc.puts {
+				if _, err := s.Txn(t.Context(), store.Txn{Ops: []store.Op{{Kind: store.OpPut, Key: fmt.Sprintf("k%d", i%3), Value: []byte{byte(i)}}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cur, _ := s.Rev(t.Context())
+			w, err := s.Watch(t.Context(), "", cur-int64(tc.back))
+			if err != nil {
+				t.Fatalf("watch %d back: %v", tc.back, err)
+			}
+			for i := tc.puts - tc.back; i < tc.puts; i++ {
+				select {
+				case ev := <-w.Events():
+					if want := fmt.Sprintf("k%d", i%3); ev.Key != want || len(ev.Value) != 1 || ev.Value[0] != byte(i) {
+						t.Fatalf("event %d: %s=%v, want %s=[%d]", i, ev.Key, ev.Value, want, i)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("event %d not delivered", i)
+				}
+			}
+		})
 	}
 }

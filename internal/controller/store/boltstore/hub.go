@@ -30,6 +30,11 @@ func newHub(rev int64, keep int) *hub {
 
 func (h *hub) publish(evs []store.Event, rev int64) {
 	h.mu.Lock()
+	if h.evs == nil {
+		// Sized once for the whole history, so publishing never grows the
+		// slice (a growth copies and leaves garbage of up to 2×keep events).
+		h.evs = make([]store.Event, 0, 2*h.keep+maxBatch)
+	}
 	h.evs = append(h.evs, evs...)
 	if len(h.evs) > 2*h.keep {
 		drop := len(h.evs) - h.keep
@@ -38,7 +43,12 @@ func (h *hub) publish(evs []store.Event, rev int64) {
 			drop++
 		}
 		h.base = h.evs[drop-1].Rev
-		h.evs = append([]store.Event(nil), h.evs[drop:]...)
+		// Compact in place; since copies what it returns under mu, so
+		// no reader holds the old positions. Clear the tail so dropped
+		// values can be collected.
+		n := copy(h.evs, h.evs[drop:])
+		clear(h.evs[n:])
+		h.evs = h.evs[:n]
 	}
 	h.last = rev
 	close(h.changed)
