@@ -99,6 +99,11 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
+	// Pod networking (network.go): nil when off.
+	nets, err := newNetSetup(cfg, log.With("component", "network"))
+	if err != nil {
+		return fmt.Errorf("pod networks: %w", err)
+	}
 	mgr, err := pod.New(ctx, pod.Options{
 		PodsDir:      cfg.PodsDir,
 		VolumesDir:   cfg.VolumesDir,
@@ -108,14 +113,12 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		ReadyTimeout: time.Duration(cfg.ReadyTimeout),
 		KurmaVersion: version,
 		Logger:       log.With("component", "pod"),
-		// Network stays nil (loopback only, or the host's namespace) until
-		// the networking issue wires cfg.PodNetworks into a pod.Networker
-		// here.
+		Network:      nets.networker(),
 	})
 	if err != nil {
 		return fmt.Errorf("open pod manager: %w", err)
 	}
-	srv, err := api.NewServer(api.Options{Pods: mgr, Images: store, Version: version, Logger: log.With("component", "api")})
+	srv, err := api.NewServer(api.Options{Pods: mgr, Images: store, Version: version, Logger: log.With("component", "api"), Networks: nets})
 	if err != nil {
 		return err
 	}
@@ -130,6 +133,9 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		if err := nets.start(ctx, store, mgr); err != nil {
+			log.Error("start pod networking", "err", err)
+		}
 		startup(ctx, cfg, store, mgr, log)
 	}()
 	serveErr := srv.Serve(ctx, l)

@@ -30,6 +30,9 @@ type Options struct {
 	// StatusPoll is the first interval between status call-ins while a
 	// run waits for its app's exit code (doubling up to 100 ms); default 2 ms.
 	StatusPoll time.Duration
+	// Networks lists the daemon's pod networks for GET /v1/networks
+	// (server_networks.go); nil: the list is empty.
+	Networks NetworkLister
 }
 
 // Server serves the kurmad API.
@@ -40,6 +43,7 @@ type Server struct {
 	log        *slog.Logger
 	statusPoll time.Duration
 	mux        *http.ServeMux
+	networks   NetworkLister
 }
 
 // NewServer returns a server over the given manager and store.
@@ -47,7 +51,7 @@ func NewServer(o Options) (*Server, error) {
 	if o.Pods == nil || o.Images == nil {
 		return nil, errors.New("api: pod manager and image store are required")
 	}
-	s := &Server{pods: o.Pods, images: o.Images, version: o.Version, log: o.Logger, statusPoll: o.StatusPoll}
+	s := &Server{pods: o.Pods, images: o.Images, version: o.Version, log: o.Logger, statusPoll: o.StatusPoll, networks: o.Networks}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -70,6 +74,7 @@ func NewServer(o Options) (*Server, error) {
 	m.HandleFunc("POST /v1/pods/{ref}/attach", s.handleAttach)
 	m.HandleFunc("POST /v1/images/pull", s.handlePull)
 	m.HandleFunc("GET /v1/images", s.handleListImages)
+	m.HandleFunc("GET /v1/networks", s.handleListNetworks)
 	m.HandleFunc("GET /v1/images/{ref}", s.handleGetImage)
 	m.HandleFunc("DELETE /v1/images/{ref}", s.handleRemoveImage)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -89,7 +89,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(
 		newRunCmd(e), newCreateCmd(e), newPsCmd(e), newInspectCmd(e), newStatusCmd(e), newLogsCmd(e),
 		newExecCmd(e), newAttachCmd(e), newStopCmd(e), newRmCmd(e), newImageCmd(e),
-		newVersionCmd(e),
+		newVersionCmd(e), newNetCmd(e),
 	)
 	return root
 }
