@@ -8,8 +8,8 @@
 // (`podman import`, temporary --root/--runroot). podman and runc come from
 // Debian, configured by podman-setup.sh (runc, cgroupfs, default_ulimits)
 // through $CONTAINERS_CONF, so /etc/containers is never touched. Both run
-// without a network (kurma's pods get loopback only until pod networking is
-// configured; podman gets --network none) so neither pays for networking.
+// without a network (kurma --net none, podman --network none) so neither
+// pays for networking.
 // The runs alternate kurma/podman so that load on the shared machine hits
 // both alike. Needs root.
 //
@@ -131,7 +131,9 @@ func run(n int) (retErr error) {
 	defer func() { _ = podman("rmi", "-a", "-f").Run() }()
 
 	kRun := func() error {
-		if o, err := kurma("run", "--rm", kImage, "true").CombinedOutput(); err != nil {
+		// --net none: like podman's --network none, now that kurmad attaches
+		// pods to its default network.
+		if o, err := kurma("run", "--rm", "--net", "none", kImage, "true").CombinedOutput(); err != nil {
 			return fmt.Errorf("kurma run: %v\n%s", err, o)
 		}
 		return nil

@@ -99,10 +99,11 @@ func run(ctx context.Context, stop func(), log *slog.Logger, role string, args [
 		}
 		return code
 	case "attach":
-		if len(args) != 1 {
-			return fail(2, fmt.Errorf("usage: attach APP"))
+		closeStdin := len(args) == 2 && args[1] == stager.CloseStdinFlag
+		if len(args) != 1 && !closeStdin {
+			return fail(2, fmt.Errorf("usage: attach APP [%s]", stager.CloseStdinFlag))
 		}
-		if err := stager.Attach(ctx, args[0], os.Stdin, os.Stdout, os.Stderr); err != nil {
+		if err := stager.Attach(ctx, args[0], closeStdin, os.Stdin, os.Stdout, os.Stderr); err != nil {
 			return fail(1, err)
 		}
 	}

@@ -207,7 +207,8 @@ func (s *Server) followRun(ss *session, p *pod.Pod, req *CreatePodRequest) (int,
 		// A short-lived app has often finished by the time its pod is
 		// ready: then its log is complete and one status call-in gives the
 		// code, sparing the follow's polling.
-		if st, serr := s.pods.Status(ss.ctx, p.UUID); serr == nil {
+		st, serr := s.settled(ss.ctx, p.UUID)
+		if serr == nil {
 			if as, ok := st[app]; ok && as.Exited {
 				if err := s.pods.Logs(ss.ctx, p.UUID, app, false, ss.fw.stream(FrameStdout)); err != nil && ss.ctx.Err() == nil {
 					return 0, fmt.Errorf("logs: %w", err)
@@ -226,6 +227,28 @@ func (s *Server) followRun(ss *session, p *pod.Pod, req *CreatePodRequest) (int,
 		return 0, fmt.Errorf("client went away: %w", ss.ctx.Err())
 	}
 	return s.waitExit(ss.ctx, p.UUID, app)
+}
+
+// settleWaiter is implemented by pod managers that can wait for a pod's
+// apps to exit without running call-ins (pod.Runtime.WaitSettled).
+type settleWaiter interface {
+	WaitSettled(ctx context.Context, ref string, within time.Duration) (stagerspec.Status, bool)
+}
+
+// runSettleWait is how long run waits for a short-lived app to end before
+// it streams the app's log instead: at most a delay of the first output of
+// a long-lived app, about the log follower's own poll period.
+const runSettleWait = 100 * time.Millisecond
+
+// settled returns the pod's status once its apps exited, if that happens
+// within runSettleWait, and its current status otherwise.
+func (s *Server) settled(ctx context.Context, ref string) (stagerspec.Status, error) {
+	if w, ok := s.pods.(settleWaiter); ok {
+		if st, ok := w.WaitSettled(ctx, ref, runSettleWait); ok {
+			return st, nil
+		}
+	}
+	return s.pods.Status(ctx, ref)
 }
 
 // followTerminal serves an interactive terminal: attach carries input and
@@ -263,6 +286,7 @@ func (s *Server) followLog(ss *session, p *pod.Pod, app string, stdin bool) erro
 			return err
 		}
 		sio.Stdout, sio.Stderr = io.Discard, io.Discard
+		sio.CloseStdin = true // run -i: the client's EOF ends the app's input
 		awg.Add(1)
 		go func() {
 			defer awg.Done()
@@ -302,10 +326,21 @@ func (s *Server) waitExit(ctx context.Context, ref, app string) (int, error) {
 		if as, ok := st[app]; ok && as.Exited {
 			return exitCode(as), nil
 		}
-		select {
-		case <-ctx.Done():
+		if w, ok := s.pods.(settleWaiter); ok {
+			// Woken as soon as every app exited, instead of a timer.
+			if st, ok := w.WaitSettled(ctx, ref, delay); ok {
+				if as, ok := st[app]; ok {
+					return exitCode(as), nil
+				}
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+			case <-time.After(delay):
+			}
+		}
+		if ctx.Err() != nil {
 			return 0, fmt.Errorf("wait for exit: %w", ctx.Err())
-		case <-time.After(delay):
 		}
 		if delay *= 2; delay > 100*time.Millisecond {
 			delay = 100 * time.Millisecond
@@ -456,6 +491,7 @@ func (s *Server) handleAttach(w http.ResponseWriter, r *http.Request) {
 		ss.finish(0, err)
 		return
 	}
+	aio.CloseStdin = req.Stdin && req.CloseStdin
 	err = s.pods.Attach(ss.ctx, p.UUID, app, aio)
 	release()
 	if err != nil && ss.ctx.Err() == nil {

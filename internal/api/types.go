@@ -72,8 +72,11 @@ type AttachRequest struct {
 	App   string `json:"app,omitempty"`
 	TTY   bool   `json:"tty,omitempty"`
 	Stdin bool   `json:"stdin,omitempty"`
-	Rows  uint16 `json:"rows,omitempty"`
-	Cols  uint16 `json:"cols,omitempty"`
+	// CloseStdin: the client's EOF on stdin closes the app's stdin
+	// (default: it only detaches input).
+	CloseStdin bool   `json:"closeStdin,omitempty"`
+	Rows       uint16 `json:"rows,omitempty"`
+	Cols       uint16 `json:"cols,omitempty"`
 }
 
 // PullRequest is the body of POST /v1/images/pull.

@@ -106,6 +106,10 @@ func runPod(cmd *cobra.Command, e *env, f *runFlags, args []string) error {
 		ts := startTTY(ctx, sio.Stdin, e.stdout)
 		defer ts.restore()
 		sio.Resize = ts.resize
+		if ts.rows > 0 && ts.cols > 0 {
+			// The app's terminal starts at the caller's size.
+			spec.Apps[0].TTYSize = &pod.TermSize{Rows: ts.rows, Cols: ts.cols}
+		}
 	}
 	_, code, err := c.RunPod(ctx, api.CreatePodRequest{Spec: spec, Remove: f.rm}, sio)
 	if err != nil {

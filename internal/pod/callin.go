@@ -30,7 +30,7 @@ func (r *Runtime) callIn(ctx context.Context, ref string, path string, args ...s
 	p := e.snapshot()
 	r.mu.Unlock()
 	if p.State != Running {
-		return nil, nil, kerrors.New(kerrors.Conflict, "pod %s is %s, not running", p.Name, p.State)
+		return nil, p, kerrors.New(kerrors.Conflict, "pod %s is %s, not running", p.Name, p.State)
 	}
 	nsenter := r.opts.Nsenter
 	if nsenter == "" {
@@ -49,6 +49,21 @@ func (r *Runtime) callIn(ctx context.Context, ref string, path string, args ...s
 	return cmd, p, nil
 }
 
+// running returns a snapshot of a running pod.
+func (r *Runtime) running(ref string) (*Pod, error) {
+	e, err := r.lookup(ref)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	p := e.snapshot()
+	r.mu.Unlock()
+	if p.State != Running {
+		return nil, kerrors.New(kerrors.Conflict, "pod %s is %s, not running", p.Name, p.State)
+	}
+	return p, nil
+}
+
 func (r *Runtime) checkApp(p *Pod, app string) error {
 	for _, a := range p.Apps {
 		if a.Name == app {
@@ -60,6 +75,12 @@ func (r *Runtime) checkApp(p *Pod, app string) error {
 
 // Status runs /opt/stager/status and decodes its JSON.
 func (r *Runtime) Status(ctx context.Context, ref string) (stagerspec.Status, error) {
+	if p, err := r.running(ref); err == nil {
+		// Every app exited: the stager's cache is final, no call-in needed.
+		if st, ok := r.settledStatus(p); ok {
+			return st, nil
+		}
+	}
 	cmd, p, err := r.callIn(ctx, ref, stagerspec.StatusCallIn)
 	if err != nil {
 		return nil, err
@@ -115,11 +136,24 @@ func (r *Runtime) Exec(ctx context.Context, ref, app string, s stagerspec.RunSet
 
 // Logs copies an app's log through /opt/stager/logs APP [-f].
 func (r *Runtime) Logs(ctx context.Context, ref, app string, follow bool, w io.Writer) error {
+	if p, err := r.running(ref); err == nil && !follow && r.checkApp(p, app) == nil {
+		// The log files are readable from the host: no call-in needed.
+		if found, err := r.copyHostLogs(p, app, w); found || err != nil {
+			if err != nil {
+				return fmt.Errorf("logs of %s/%s: %w", p.Name, app, err)
+			}
+			return nil
+		}
+	}
 	args := []string{app}
 	if follow {
 		args = append(args, "-f")
 	}
 	cmd, p, err := r.callIn(ctx, ref, stagerspec.LogsCallIn, args...)
+	if errors.Is(err, kerrors.Conflict) && p != nil {
+		// No stager to ask: read what it left in the pod's folder.
+		return r.storedLogs(p, app, w)
+	}
 	if err != nil {
 		return err
 	}
@@ -137,9 +171,35 @@ func (r *Runtime) Logs(ctx context.Context, ref, app string, follow bool, w io.W
 	return nil
 }
 
-// Attach connects stdio to an app through /opt/stager/attach APP.
+// storedLogs copies the log files a stager wrote under its root's /logs
+// (the older generation first) for a pod whose stager is gone: they are in
+// the overlay's upper folder, or in the copied root.
+func (r *Runtime) storedLogs(p *Pod, app string, w io.Writer) error {
+	if p.State != Exited {
+		return kerrors.New(kerrors.Conflict, "pod %s is %s: no logs yet", p.Name, p.State)
+	}
+	if err := r.checkApp(p, app); err != nil {
+		return err
+	}
+	if _, err := r.copyHostLogs(p, app, w); err != nil {
+		return fmt.Errorf("logs of %s/%s: %w", p.Name, app, err)
+	}
+	return nil // no file: the app never wrote anything
+}
+
+// closeStdinFlag is the default stager's attach option that closes the
+// app's stdin at the caller's EOF (internal/stager.CloseStdinFlag; not
+// imported: the pod manager does not link the stager).
+const closeStdinFlag = "-close-stdin"
+
+// Attach connects stdio to an app through /opt/stager/attach APP
+// [-close-stdin].
 func (r *Runtime) Attach(ctx context.Context, ref, app string, stdio IO) error {
-	cmd, p, err := r.callIn(ctx, ref, stagerspec.AttachCallIn, app)
+	args := []string{app}
+	if stdio.CloseStdin {
+		args = append(args, closeStdinFlag)
+	}
+	cmd, p, err := r.callIn(ctx, ref, stagerspec.AttachCallIn, args...)
 	if err != nil {
 		return err
 	}

@@ -325,6 +325,14 @@ func (b *build) resolveImages(ctx context.Context) error {
 			App:    mergeApp(img.Manifest.App, a),
 			Mounts: a.Mounts,
 		})
+		if a.TTY {
+			// The stager gives such an app a terminal (docs/stager.md).
+			last := &m.Pod.Apps[len(m.Pod.Apps)-1]
+			last.Annotations = append(last.Annotations, appc.Annotation{Name: TTYAnnotation, Value: "true"})
+			if sz := a.TTYSize; sz != nil && sz.Rows > 0 && sz.Cols > 0 {
+				last.Annotations = append(last.Annotations, appc.Annotation{Name: TTYSizeAnnotation, Value: fmt.Sprintf("%dx%d", sz.Rows, sz.Cols)})
+			}
+		}
 		apps = append(apps, AppInfo{Name: a.Name, Image: a.Image, ImageID: img.ID})
 		b.imageIDs = append(b.imageIDs, img.ID)
 	}

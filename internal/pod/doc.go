@@ -7,7 +7,9 @@
 // Files: runtime.go (Options, New, Close), create.go (the start steps and
 // their undos), launch.go (the daemon side of the stager launch, exit
 // handling, teardown), stageinit.go (the re-executed `kurmad stage-init`
-// child that makes the stager's mounts, chroots and execs it), state.go
+// child that makes the stager's mounts, pivots into its root and execs
+// it), hostread.go (reads of the stager's logs and status cache from the
+// pod's folder, without call-ins), state.go
 // (records, restart recovery, pid re-adoption), cgroups.go (cgroups and
 // mount helpers), stop.go (Get/List/Stop/Remove), callin.go (call-ins),
 // spare.go (the warm spare stage-init).
@@ -30,6 +32,23 @@
 // safely setns/unshare a mount namespace itself. It runs in its own session
 // so it survives kurmad; a restarted kurmad re-adopts it after checking its
 // start time, and watches it with a pidfd.
+//
+// Mount hygiene: stage-init makes its mount namespace rprivate, then
+// pivot_root(2)s into the stager root (an overlay, or the copied root bound
+// on itself) and detaches the old root (MNT_DETACH). The pod's namespace
+// thus keeps no copy of the host's mount tree: it pins no host mount (a
+// netns bind under /run/netns unmounted on the host is really released).
+//
+// Terminals: AppSpec.TTY becomes the annotation kurma.dev/tty="true" on the
+// app's RuntimeApp, and AppSpec.TTYSize kurma.dev/tty-size="ROWSxCOLS"
+// (docs/stager.md). IO.CloseStdin makes Attach pass -close-stdin to the
+// attach call-in: the caller's EOF then closes the app's stdin.
+//
+// Stopped pods: Logs reads the log files the stager left in the pod's
+// folder. Running pods: non-following Logs reads the same files directly,
+// and Status answers from the stager's /state.json when it shows every app
+// exited (final); WaitSettled waits for that by inotify. Each falls back
+// to the call-in when the stager keeps no such files.
 //
 // Call-ins run through nsenter(1) from util-linux (--mount --net --root
 // --wd), which enters the namespaces in a fresh single-threaded process:

@@ -12,8 +12,8 @@
 //
 // The child is already in its new mount/net/UTS/IPC namespaces (clone
 // flags), so the Go runtime's threads all share them; it sets up the
-// stager's root, waits for the daemon's go-ahead, chroots and execs the
-// stager.
+// stager's root, waits for the daemon's go-ahead, pivots into the root
+// (detaching the host's mount tree) and execs the stager.
 
 package pod
 
@@ -75,7 +75,7 @@ type stageConfig struct {
 
 // StageInit is the body of `kurmad stage-init`: it runs in the fresh
 // namespaces of a new stager, prepares its root, waits for the daemon's
-// go-ahead on fd 3, chroots and execs the stager with fd 4 (readiness) as
+// go-ahead on fd 3, pivots into the root and execs the stager with fd 4 (readiness) as
 // the only extra descriptor. It returns an exit code only on failure, after
 // writing the reason to fd 5 and stderr.
 func StageInit(args []string) int {
@@ -113,11 +113,8 @@ func StageInit(args []string) int {
 	if n, _ := io.ReadFull(os.NewFile(goFD, "go"), b[:]); n != 1 {
 		return fail(errors.New("daemon aborted the start"))
 	}
-	if err := unix.Chroot(c.Root); err != nil {
-		return fail(fmt.Errorf("chroot %s: %w", c.Root, err))
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return fail(fmt.Errorf("chdir /: %w", err))
+	if err := pivotRoot(c.Root); err != nil {
+		return fail(err)
 	}
 	if len(c.Exec) == 0 {
 		return fail(errors.New("stager has no exec"))
@@ -129,6 +126,14 @@ func StageInit(args []string) int {
 	err := syscall.Exec(exe, c.Exec, c.Env)
 	return fail(fmt.Errorf("exec stager %s: %w", exe, err))
 }
+
+// TTYAnnotation on a RuntimeApp of the stager manifest ("true") asks the
+// stager for a terminal for that app (AppSpec.TTY; docs/stager.md).
+const TTYAnnotation = "kurma.dev/tty"
+
+// TTYSizeAnnotation ("ROWSxCOLS") is the size of that terminal when the app
+// starts (AppSpec.TTYSize).
+const TTYSizeAnnotation = "kurma.dev/tty-size"
 
 // spareArg is stage-init's argument for a warm spare (see spare.go).
 const spareArg = "-spare"
@@ -174,6 +179,9 @@ func setupRoot(c *stageConfig) error {
 		if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
 			return fmt.Errorf("mount stager root overlay: %w", err)
 		}
+	} else if err := unix.Mount(c.Root, c.Root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		// pivot_root needs the new root to be a mount point.
+		return fmt.Errorf("bind stager root on itself: %w", err)
 	}
 	if c.Hostname != "" {
 		_ = unix.Sethostname([]byte(c.Hostname))
@@ -250,6 +258,40 @@ func bindInto(src, target string, ro, rec bool) error {
 		if err := unix.Mount("", target, "", flags|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("make %s read-only: %w", target, err)
 		}
+	}
+	return nil
+}
+
+// pivotRoot makes root the root of the mount namespace and detaches the old
+// root (MNT_DETACH), so the namespace keeps no copy of the host's mount
+// tree: host mounts (netns binds of other workloads, volumes of other
+// pods) are not pinned by this pod. Done as runc does: pivot_root(".", ".")
+// stacks the old root on the new one, which the unmount then drops.
+func pivotRoot(root string) error {
+	oldRoot, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open old root: %w", err)
+	}
+	defer unix.Close(oldRoot)
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("chdir %s: %w", root, err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root %s: %w", root, err)
+	}
+	// The old root is now mounted on top of the new one, at "/": get back
+	// onto it, make sure nothing propagates from it, and detach it.
+	if err := unix.Fchdir(oldRoot); err != nil {
+		return fmt.Errorf("fchdir old root: %w", err)
+	}
+	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make old root rslave: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("chdir /: %w", err)
 	}
 	return nil
 }

@@ -26,6 +26,9 @@ type AppSpec struct {
 	Mounts           []appc.Mount  `json:"mounts,omitempty"`
 	// TTY allocates a terminal for the app (for attach).
 	TTY bool `json:"tty,omitempty"`
+	// TTYSize is the terminal's size when the app starts (TTY only;
+	// default: whatever the stager gives).
+	TTYSize *TermSize `json:"ttySize,omitempty"`
 }
 
 // Spec describes a pod to create.
@@ -90,11 +93,16 @@ type IO struct {
 	TTY    bool
 	// Resize delivers terminal size changes when TTY is set.
 	Resize <-chan TermSize
+	// CloseStdin (Attach only): Stdin's EOF closes the app's stdin (sends
+	// the EOF character to an app with a terminal); otherwise the app's
+	// stdin stays open for later attaches.
+	CloseStdin bool
 }
 
 // TermSize is a terminal's size in characters.
 type TermSize struct {
-	Rows, Cols uint16
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // Manager runs pods. Errors wrap kerrors categories: NotFound for an unknown

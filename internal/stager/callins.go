@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -82,8 +83,8 @@ func Logs(ctx context.Context, app string, follow bool, w io.Writer) error {
 		return nil
 	}
 	out, _ := w.(*os.File)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+	cw := newChangeWaiter()
+	defer cw.Close()
 	for {
 		exited := appExited(app)
 		if err := lr.follow(w); err != nil {
@@ -95,11 +96,62 @@ func Logs(ctx context.Context, app string, follow bool, w io.Writer) error {
 		if out != nil && readerGone(out) {
 			return nil
 		}
+		cw.wait(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// changeWaiter wakes a log follower when something is written to the logs
+// folder or init rewrites its state file (an app exited), by inotify;
+// without inotify it falls back to a 100 ms period.
+type changeWaiter struct {
+	f *os.File // the inotify descriptor, nil when unavailable
+}
+
+// changeWaitMax bounds one wait, so that a follower still notices a
+// reader that went away while the app is silent.
+const changeWaitMax = 500 * time.Millisecond
+
+func newChangeWaiter() *changeWaiter {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return &changeWaiter{}
+	}
+	_, err1 := unix.InotifyAddWatch(fd, LogsDir, unix.IN_MODIFY|unix.IN_CREATE|unix.IN_MOVED_TO)
+	_, err2 := unix.InotifyAddWatch(fd, filepath.Dir(StatePath), unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE)
+	if err1 != nil || err2 != nil {
+		unix.Close(fd)
+		return &changeWaiter{}
+	}
+	return &changeWaiter{f: os.NewFile(uintptr(fd), "inotify")}
+}
+
+// wait returns after a change, ctx's end or the time limit, whichever
+// comes first.
+func (c *changeWaiter) wait(ctx context.Context) {
+	if c.f == nil {
+		t := time.NewTimer(100 * time.Millisecond)
+		defer t.Stop()
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-tick.C:
+		case <-t.C:
 		}
+		return
+	}
+	if err := c.f.SetReadDeadline(time.Now().Add(changeWaitMax)); err != nil {
+		return
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.f.SetReadDeadline(time.Now()) })
+	defer stop()
+	var buf [4096]byte
+	_, _ = c.f.Read(buf[:]) // drains the events that woke us
+}
+
+func (c *changeWaiter) Close() {
+	if c.f != nil {
+		c.f.Close()
 	}
 }
 
@@ -227,6 +279,14 @@ func Run(ctx context.Context, app string, s *stagerspec.RunSettings, stdin, stdo
 // the daemon's terminal does not make us its foreground process group, so
 // SIGWINCH may never reach us.
 func relayTTY(stdin, master *os.File) func() {
+	restore := followTerminal(stdin, master)
+	go func() { _, _ = io.Copy(master, stdin) }()
+	return restore
+}
+
+// followTerminal puts stdin in raw mode and keeps master's size equal to
+// stdin's, when stdin is a terminal (see relayTTY).
+func followTerminal(stdin, master *os.File) func() {
 	restore := func() {}
 	fd := int(stdin.Fd())
 	if term.IsTerminal(fd) {
@@ -240,6 +300,10 @@ func relayTTY(stdin, master *os.File) func() {
 			tick := time.NewTicker(250 * time.Millisecond)
 			defer tick.Stop()
 			var last *pty.Winsize
+			if sz, err := pty.GetsizeFull(stdin); err == nil && sz.Rows > 0 && sz.Cols > 0 {
+				_ = pty.Setsize(master, sz)
+				last = sz
+			}
 			for {
 				select {
 				case <-stop:
@@ -256,21 +320,21 @@ func relayTTY(stdin, master *os.File) func() {
 		prev := restore
 		restore = func() { close(stop); signal.Stop(winch); prev() }
 	}
-	go func() { _, _ = io.Copy(master, stdin) }()
 	return restore
 }
 
 // Attach connects stdin, stdout and stderr to the app's. It returns when
 // the app's output ends (the app exited) or stdout/stderr can no longer be
-// written. The caller's EOF on stdin detaches input only; the app's stdin
-// stays open.
-func Attach(ctx context.Context, app string, stdin, stdout, stderr *os.File) error {
+// written. The caller's EOF on stdin detaches input only and the app's
+// stdin stays open, unless closeStdin is set: then that EOF closes the
+// app's stdin (for an app with a terminal: sends it the EOF character).
+func Attach(ctx context.Context, app string, closeStdin bool, stdin, stdout, stderr *os.File) error {
 	c, err := dial(SocketPath)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := send(c, request{Op: opAttach, App: app}); err != nil {
+	if err := send(c, request{Op: opAttach, App: app, CloseStdin: closeStdin}); err != nil {
 		return err
 	}
 	var resp response
@@ -286,13 +350,40 @@ func Attach(ctx context.Context, app string, stdin, stdout, stderr *os.File) err
 		return kerrors.New(kerrors.Invalid, "attach: got %d descriptors", len(files))
 	}
 	appIn, appOut, appErr := files[0], files[1], files[2]
-	go func() { _, _ = io.Copy(appIn, stdin) }()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(stdout, appOut); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(stderr, appErr); done <- struct{}{} }()
-	select {
-	case <-ctx.Done():
-	case <-done:
+	if resp.TTY {
+		// appIn is the app's terminal: follow the caller's size, and pass
+		// keys through raw (the caller's own terminal must not cook them).
+		defer followTerminal(stdin, appIn)()
+	}
+	go func() {
+		_, _ = io.Copy(appIn, stdin)
+		if closeStdin {
+			if resp.TTY {
+				_, _ = appIn.Write([]byte{4}) // ^D: EOF in canonical mode
+				return
+			}
+			appIn.Close()
+		}
+	}()
+	// Output ends when every stream of the app ended (a terminal is one
+	// stream); the caller leaves when a write to it fails.
+	done := make(chan error, 2)
+	streams := 2
+	go func() { _, err := io.Copy(stdout, appOut); done <- err }()
+	if resp.TTY {
+		streams = 1
+	} else {
+		go func() { _, err := io.Copy(stderr, appErr); done <- err }()
+	}
+	for range streams {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-done:
+			if err != nil {
+				return nil
+			}
+		}
 	}
 	return nil
 }

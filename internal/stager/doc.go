@@ -33,15 +33,19 @@
 // Terminals: the pod manager sets the appc annotation kurma.dev/tty="true"
 // (TTYAnnotation) on a RuntimeApp when the user asked for a tty; such an
 // app gets a terminal of its own devpts instance as stdin, stdout and
-// stderr instead of pipes, and attach talks to that terminal.
+// stderr instead of pipes, and attach talks to that terminal (raw, its
+// size following the caller's terminal). kurma.dev/tty-size="ROWSxCOLS"
+// (TTYSizeAnnotation) sets the terminal's size before the app starts.
 //
 // Call-in exit codes: status, logs and attach exit 0, 1 on failure, 2 on
 // bad usage. The run call-in exits 125 when it fails itself (bad
 // settings, unknown app or user, settings not on fd 3 within 10 s,
 // overridable for tests by KURMA_STAGER_SETTINGS_TIMEOUT), otherwise with
-// the command's exit code (128+signal when killed). Attach ends when the
-// app's output ends or the caller stops reading; the caller's EOF on stdin
-// detaches input without closing the app's stdin.
+// the command's exit code (128+signal when killed). Attach ends when all
+// of the app's output ended or the caller stops reading; the caller's EOF
+// on stdin detaches input without closing the app's stdin, unless the
+// caller passed -close-stdin (CloseStdinFlag): then init hands it its own
+// end of the app's stdin and that EOF closes it (a terminal gets ^D).
 //
 // Least privilege (caps.go): apps share the pod PID namespace with init,
 // whose root is the stager's root. Every app process and run call-in
@@ -57,8 +61,10 @@
 // Logs (applog.go): /logs/<app> is rotated to /logs/<app>.1 when it would
 // pass logMaxBytes (one old generation is kept, so an app's logs take at
 // most twice that). The logs call-in prints the old generation then the
-// current one; logs -f follows the file across rotations (it checks every
-// 100 ms and catches up with one rotation per check).
+// current one; logs -f follows the file across rotations (it checks when
+// inotify reports a write under /logs or a new /state.json, at least every
+// 500 ms, every 100 ms without inotify, and catches up with one rotation
+// per check).
 //
 // Start-up and teardown costs: init is the only re-exec, and it starts
 // before the apps' filesystems are built so that its start-up overlaps

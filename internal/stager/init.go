@@ -259,6 +259,13 @@ func (s *initServer) startApp(p AppPlan) (retErr error) {
 		}
 		toClose = append(toClose, slave)
 		onFail = append(onFail, master)
+		if p.Rows > 0 && p.Cols > 0 {
+			if rc, err := master.SyscallConn(); err == nil {
+				_ = rc.Control(func(fd uintptr) {
+					_ = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: p.Rows, Col: p.Cols})
+				})
+			}
+		}
 		child = []*os.File{slave, slave, slave}
 		stdinW, outR = master, master
 	} else {

@@ -95,8 +95,27 @@ func (s *initServer) handleAttach(c *net.UnixConn, req request) {
 	}
 	a.outs = append(a.outs, outW)
 	a.errs = append(a.errs, errW)
+	in, handOver := a.stdinW, false
+	if req.CloseStdin && !a.plan.TTY && in != nil {
+		// The caller gets the last writer init holds: when it is done,
+		// the app reads EOF. (A terminal is never closed: its caller
+		// sends the EOF character instead.)
+		a.stdinW, handOver = nil, true
+	}
 	a.outMu.Unlock()
-	err = send(c, response{PID: a.pid, TTY: a.plan.TTY}, a.stdinW, outR, errR)
+	if in == nil {
+		// Stdin was closed by an earlier caller: give a writer whose
+		// reader is gone.
+		var r *os.File
+		if r, in, err = os.Pipe(); err == nil {
+			r.Close()
+			handOver = true
+		}
+	}
+	err = send(c, response{PID: a.pid, TTY: a.plan.TTY}, in, outR, errR)
+	if handOver {
+		in.Close()
+	}
 	outR.Close()
 	errR.Close()
 	if err == nil {

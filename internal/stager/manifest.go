@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -131,6 +132,9 @@ type AppPlan struct {
 	ID     Identity `json:"id"`
 	// TTY gives the app a terminal instead of pipes (TTYAnnotation).
 	TTY bool `json:"tty,omitempty"`
+	// Rows and Cols are the terminal's size at start (TTYSizeAnnotation).
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
 	// Priv bounds the capabilities of the app's processes (caps.go).
 	Priv Privileges `json:"priv"`
 }
@@ -138,6 +142,27 @@ type AppPlan struct {
 // TTYAnnotation on a pod app ("true") gives the app a terminal as its
 // stdin, stdout and stderr; attach then talks to that terminal.
 const TTYAnnotation = "kurma.dev/tty"
+
+// TTYSizeAnnotation ("ROWSxCOLS", e.g. "24x80") is the size an app's
+// terminal has when it starts, so that the app sees its user's size
+// before anyone attaches. A malformed value is ignored.
+const TTYSizeAnnotation = "kurma.dev/tty-size"
+
+// ttySize returns the size asked by TTYSizeAnnotation, zeros if none.
+func ttySize(ra appc.RuntimeApp) (rows, cols uint16) {
+	for _, a := range ra.Annotations {
+		if a.Name != TTYSizeAnnotation {
+			continue
+		}
+		r, c, ok := strings.Cut(a.Value, "x")
+		rv, err1 := strconv.ParseUint(r, 10, 16)
+		cv, err2 := strconv.ParseUint(c, 10, 16)
+		if ok && err1 == nil && err2 == nil {
+			return uint16(rv), uint16(cv)
+		}
+	}
+	return 0, 0
+}
 
 func wantsTTY(ra appc.RuntimeApp) bool {
 	for _, a := range ra.Annotations {
@@ -279,7 +304,11 @@ func planApp(m *stagerspec.Manifest, ra appc.RuntimeApp, rootfs string) (AppPlan
 		return AppPlan{}, fmt.Errorf("app %q: %w", ra.Name, err)
 	}
 	argv := append([]string{exe}, def.Exec[1:]...)
-	return AppPlan{Name: ra.Name, Rootfs: rootfs, Exec: argv, Env: env, Dir: dir, ID: id, TTY: tty, Priv: priv}, nil
+	plan := AppPlan{Name: ra.Name, Rootfs: rootfs, Exec: argv, Env: env, Dir: dir, ID: id, TTY: tty, Priv: priv}
+	if tty {
+		plan.Rows, plan.Cols = ttySize(ra)
+	}
+	return plan, nil
 }
 
 // PlanRun resolves run settings for a process in app's rootfs.

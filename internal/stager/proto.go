@@ -24,6 +24,10 @@ const (
 	opAttach   = "attach"   // call-in: get the app's stdin and output streams
 )
 
+// CloseStdinFlag, after the app name of the attach call-in, makes the
+// caller's EOF on stdin close the app's stdin (see Attach).
+const CloseStdinFlag = "-close-stdin"
+
 type request struct {
 	Op       string                  `json:"op"`
 	App      string                  `json:"app,omitempty"`
@@ -33,6 +37,9 @@ type request struct {
 	GraceNS  int64                   `json:"graceNS,omitempty"`
 	// LogMaxBytes is the app log rotation size (start only).
 	LogMaxBytes int64 `json:"logMaxBytes,omitempty"`
+	// CloseStdin (attach only): init hands its own end of the app's stdin
+	// to this caller, whose EOF then closes the app's stdin.
+	CloseStdin bool `json:"closeStdin,omitempty"`
 }
 
 type response struct {
