@@ -38,9 +38,12 @@ if "$KURMA" version >/dev/null 2>&1; then
   exit 1
 fi
 
-made_state=; made_run=
+made_state=; made_run=; made_bridge=; made_ipam=
 [ -e "$STATE" ] || made_state=1
 [ -e /run/kurma ] || made_run=1
+# The default network's bridge and IPAM store: removed again if we made them.
+ip link show kurma0 >/dev/null 2>&1 || made_bridge=1
+[ -e /var/lib/kurma-network ] || made_ipam=1
 LOG=$(mktemp /tmp/kurmad-demo.XXXXXX.log)
 KPID=
 cleanup() {
@@ -57,6 +60,8 @@ cleanup() {
   fi
   [ -n "$made_state" ] && rm -rf "$STATE"
   [ -n "$made_run" ] && rm -rf /run/kurma
+  [ -n "$made_bridge" ] && ip link del kurma0 2>/dev/null
+  [ -n "$made_ipam" ] && rm -rf /var/lib/kurma-network
   rm -f "$LOG"
   exit $rc
 }
