@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"strings"
 
 	"github.com/google/uuid"
@@ -243,4 +244,27 @@ func normalizePort(pid string, p *capi.Port) error {
 	// Output-only fields are ignored on input.
 	p.Status, p.StatusReason, p.VPCID, p.VNI, p.RevisionNumber = capi.StatusPending, "", "", 0, 0
 	return nil
+}
+
+// decodeWrapped decodes a body of the form {"<key>":{...}}, the Neutron-style
+// envelope every single-object request uses, with decodeStrict's rules:
+// unknown fields inside or beside the object are refused, and errors name
+// fields by their full path ("vpc.name"). The envelope is a one-field struct
+// built for key, so a missing object is told apart from an empty one.
+func decodeWrapped[T any](b []byte, key string) (T, error) {
+	var zero T
+	envelope := reflect.StructOf([]reflect.StructField{{
+		Name: "Object",
+		Type: reflect.TypeFor[*T](),
+		Tag:  reflect.StructTag(`json:"` + key + `"`),
+	}})
+	body := reflect.New(envelope)
+	if err := decodeStrict(b, body.Interface()); err != nil {
+		return zero, err
+	}
+	obj := body.Elem().Field(0)
+	if obj.IsNil() {
+		return zero, kerrors.New(kerrors.Invalid, "body must be {%q:{...}}", key)
+	}
+	return *obj.Interface().(*T), nil
 }

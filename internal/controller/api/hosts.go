@@ -12,16 +12,10 @@ import (
 
 // DecodeHost parses a PUT hosts/<id> body for host id.
 func DecodeHost(id string, b []byte) (capi.Host, error) {
-	var body struct {
-		Host *capi.Host `json:"host"`
-	}
-	if err := decodeStrict(b, &body); err != nil {
+	h, err := decodeWrapped[capi.Host](b, "host")
+	if err != nil {
 		return capi.Host{}, err
 	}
-	if body.Host == nil {
-		return capi.Host{}, kerrors.New(kerrors.Invalid, `body must be {"host":{...}}`)
-	}
-	h := *body.Host
 	if h.ID == "" {
 		h.ID = id
 	}

@@ -31,16 +31,10 @@ func (s *Server) createVPC(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var body struct {
-		VPC *capi.VPC `json:"vpc"`
-	}
-	if err := decodeStrict(b, &body); err != nil {
+	v, err := decodeWrapped[capi.VPC](b, "vpc")
+	if err != nil {
 		return err
 	}
-	if body.VPC == nil {
-		return kerrors.New(kerrors.Invalid, `body must be {"vpc":{...}}`)
-	}
-	v := *body.VPC
 	if v.ID, err = idOrNew("vpc", v.ID); err != nil {
 		return err
 	}
@@ -181,16 +175,10 @@ func (s *Server) createSubnet(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var body struct {
-		Subnet *capi.Subnet `json:"subnet"`
-	}
-	if err := decodeStrict(b, &body); err != nil {
+	sn, err := decodeWrapped[capi.Subnet](b, "subnet")
+	if err != nil {
 		return err
 	}
-	if body.Subnet == nil {
-		return kerrors.New(kerrors.Invalid, `body must be {"subnet":{...}}`)
-	}
-	sn := *body.Subnet
 	if sn.ID, err = idOrNew("subnet", sn.ID); err != nil {
 		return err
 	}

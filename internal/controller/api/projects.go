@@ -15,16 +15,10 @@ func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var body struct {
-		Project *capi.Project `json:"project"`
-	}
-	if err := decodeStrict(b, &body); err != nil {
+	p, err := decodeWrapped[capi.Project](b, "project")
+	if err != nil {
 		return err
 	}
-	if body.Project == nil {
-		return kerrors.New(kerrors.Invalid, `body must be {"project":{...}}`)
-	}
-	p := *body.Project
 	if p.ID, err = idOrNew("project", p.ID); err != nil {
 		return err
 	}
