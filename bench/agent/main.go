@@ -23,7 +23,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -31,6 +30,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"kurma.dev/kurma/pkg/controllerapi"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 func main() {
@@ -222,22 +223,22 @@ func (b *bench) run(n int) error {
 	if err != nil {
 		return err
 	}
-	p50, p99 := pct(lat, 50), pct(lat, 99)
-	q50, q99 := pct(peerLat, 50), pct(peerLat, 99)
+	p50, p99 := benchutil.Samples(lat).Pct(0.50), benchutil.Samples(lat).Pct(0.99)
+	q50, q99 := benchutil.Samples(peerLat).Pct(0.50), benchutil.Samples(peerLat).Pct(0.99)
 	var load [3]float64
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		_, _ = fmt.Sscan(string(b), &load[0], &load[1], &load[2])
 	}
 	fmt.Printf("host load average %.1f on %d CPUs (figures are noisy when it exceeds the CPUs)\n", load[0], runtime.NumCPU())
 	fmt.Printf("agent (controller + kurma-agent, real netlink, %d ports)\n", n)
-	fmt.Printf("  create->UP latency  p50 %7.2f ms   p99 %7.2f ms   (goal p99 <= 20 ms)\n", ms(p50), ms(p99))
-	fmt.Printf("    of which the POST p50 %7.2f ms   p99 %7.2f ms   (controller alone)\n", ms(pct(posts, 50)), ms(pct(posts, 99)))
+	fmt.Printf("  create->UP latency  p50 %7.2f ms   p99 %7.2f ms   (goal p99 <= 20 ms)\n", benchutil.Ms(p50), benchutil.Ms(p99))
+	fmt.Printf("    of which the POST p50 %7.2f ms   p99 %7.2f ms   (controller alone)\n", benchutil.Ms(benchutil.Samples(posts).Pct(0.50)), benchutil.Ms(benchutil.Samples(posts).Pct(0.99)))
 	fmt.Printf("  plug rate (bulk)    %7.1f ports/s\n", rate)
 	fmt.Printf("peer: upstream CNI bridge plugin + host-local, sequential ADD, %d netns\n", n)
-	fmt.Printf("  ADD latency         p50 %7.2f ms   p99 %7.2f ms\n", ms(q50), ms(q99))
+	fmt.Printf("  ADD latency         p50 %7.2f ms   p99 %7.2f ms\n", benchutil.Ms(q50), benchutil.Ms(q99))
 	fmt.Printf("  ADD rate            %7.1f ports/s\n", peerRate)
 	fmt.Printf("ratio: latency p50 agent/bridge %.2f, p99 %.2f; rate agent/bridge %.2f\n",
-		ms(p50)/ms(q50), ms(p99)/ms(q99), rate/peerRate)
+		benchutil.Ms(p50)/benchutil.Ms(q50), benchutil.Ms(p99)/benchutil.Ms(q99), rate/peerRate)
 	return nil
 }
 
@@ -377,15 +378,3 @@ func (b *bench) peer(ctx context.Context, n int) ([]time.Duration, float64, erro
 	}
 	return lat, float64(n) / time.Since(start).Seconds(), nil
 }
-
-func pct(ds []time.Duration, p int) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	i := (len(s)*p+99)/100 - 1
-	return s[max(i, 0)]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

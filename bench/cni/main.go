@@ -21,12 +21,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
+
+// samples are measured durations.
+type samples = benchutil.Samples
 
 func main() {
 	n := flag.Int("n", 60, "ADD/DEL cycles per plugin")
@@ -35,26 +39,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/cni:", err)
 		os.Exit(1)
 	}
-}
-
-func binDir() string {
-	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
-		return d
-	}
-	return "bin"
-}
-
-// samples is a list of durations with percentile helpers.
-type samples []time.Duration
-
-func (s samples) pct(p float64) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	c := slices.Clone(s)
-	slices.Sort(c)
-	i := int(p*float64(len(c))+0.5) - 1
-	return c[max(0, min(i, len(c)-1))]
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
@@ -126,7 +110,7 @@ func cycle(ctx context.Context, tools []*tool, res []result, i int) error {
 
 func run(ctx context.Context, n int) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	bin, err := filepath.Abs(binDir())
+	bin, err := filepath.Abs(benchutil.BinDir())
 	if err != nil {
 		return err
 	}
@@ -182,12 +166,12 @@ func run(ctx context.Context, n int) error {
 	fmt.Printf("CNI ADD/DEL latency via cnitool, %d cycles each, alternating\n", n)
 	for k, r := range res {
 		fmt.Printf("  %-18s ADD p50 %s p99 %s   DEL p50 %s p99 %s\n", names[k],
-			ms(r.add.pct(0.5)), ms(r.add.pct(0.99)), ms(r.del.pct(0.5)), ms(r.del.pct(0.99)))
+			ms(r.add.Pct(0.5)), ms(r.add.Pct(0.99)), ms(r.del.Pct(0.5)), ms(r.del.Pct(0.99)))
 	}
 	if len(res) == 2 {
 		fmt.Printf("  ratio mizarmp/bridge: ADD p50 %.2fx (goal <= 0.25x)   DEL p50 %.2fx (goal <= 0.10x)\n",
-			float64(res[1].add.pct(0.5))/float64(res[0].add.pct(0.5)),
-			float64(res[1].del.pct(0.5))/float64(res[0].del.pct(0.5)))
+			float64(res[1].add.Pct(0.5))/float64(res[0].add.Pct(0.5)),
+			float64(res[1].del.Pct(0.5))/float64(res[0].del.Pct(0.5)))
 	}
 	if own != nil {
 		a, d, err := own(ctx, n)
@@ -195,7 +179,7 @@ func run(ctx context.Context, n int) error {
 			return err
 		}
 		fmt.Printf("  mizarmp own work (run time minus controller wait): ADD p50 %s p99 %s   DEL p50 %s p99 %s (goal < 3ms)\n",
-			ms(a.pct(0.5)), ms(a.pct(0.99)), ms(d.pct(0.5)), ms(d.pct(0.99)))
+			ms(a.Pct(0.5)), ms(a.Pct(0.99)), ms(d.Pct(0.5)), ms(d.Pct(0.99)))
 	}
 	return nil
 }

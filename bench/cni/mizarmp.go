@@ -111,13 +111,13 @@ func ownTime(ctx context.Context, plugin string, conf []byte, n int) (samples, s
 		dropNS(ctr)
 	}
 	fmt.Printf("  mizarmp direct exec wall time: ADD p50 %s p99 %s   DEL p50 %s p99 %s\n",
-		ms(wallAdd.pct(0.5)), ms(wallAdd.pct(0.99)), ms(wallDel.pct(0.5)), ms(wallDel.pct(0.99)))
+		ms(wallAdd.Pct(0.5)), ms(wallAdd.Pct(0.99)), ms(wallDel.Pct(0.5)), ms(wallDel.Pct(0.99)))
 	fmt.Printf("  of which waiting for controller+agent:  ADD p50 %s p99 %s   DEL p50 %s p99 %s\n",
-		ms(waitAdd.pct(0.5)), ms(waitAdd.pct(0.99)), ms(waitDel.pct(0.5)), ms(waitDel.pct(0.99)))
+		ms(waitAdd.Pct(0.5)), ms(waitAdd.Pct(0.99)), ms(waitDel.Pct(0.5)), ms(waitDel.Pct(0.99)))
 	fmt.Printf("  ADD's controller requests p50: POST %s  WAIT (long poll until UP) %s  GET subnet %s\n",
-		ms(perReq["POST"].pct(0.5)), ms(perReq["WAIT"].pct(0.5)), ms(perReq["GET"].pct(0.5)))
+		ms(perReq["POST"].Pct(0.5)), ms(perReq["WAIT"].Pct(0.5)), ms(perReq["GET"].Pct(0.5)))
 	fmt.Printf("  mizarmp CPU time (user+sys, whole process): ADD p50 %s p99 %s   DEL p50 %s p99 %s\n",
-		ms(cpuAdd.pct(0.5)), ms(cpuAdd.pct(0.99)), ms(cpuDel.pct(0.5)), ms(cpuDel.pct(0.99)))
+		ms(cpuAdd.Pct(0.5)), ms(cpuAdd.Pct(0.99)), ms(cpuDel.Pct(0.5)), ms(cpuDel.Pct(0.99)))
 	return add, del, nil
 }
 

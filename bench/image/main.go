@@ -25,7 +25,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +39,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"kurma.dev/kurma/internal/image"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 func main() {
@@ -79,12 +80,6 @@ func mkLayer(files, size int, seed string) (v1.Layer, error) {
 	}
 	b := buf.Bytes()
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-}
-
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 func run(ctx context.Context, runs, resolves int) error {
@@ -180,11 +175,11 @@ func run(ctx context.Context, runs, resolves int) error {
 	warm := time.Since(start) / warmPulls
 
 	fmt.Printf("image: 3-layer image, 200 files, %d cold runs\n", runs)
-	fmt.Printf("  cold pull (fetch+extract+index)   median %8.2f ms\n", ms(median(cold)))
-	fmt.Printf("  peer: ggcr fetch to OCI layout    median %8.2f ms\n", ms(median(peer)))
-	fmt.Printf("  ratio cold pull / peer            %8.2fx\n", float64(median(cold))/float64(median(peer)))
-	fmt.Printf("  peer: ggcr fetch + naive untar    median %8.2f ms\n", ms(median(naive)))
-	fmt.Printf("  ratio cold pull / naive untar     %8.2fx\n", float64(median(cold))/float64(median(naive)))
+	fmt.Printf("  cold pull (fetch+extract+index)   median %8.2f ms\n", ms(benchutil.Median(cold)))
+	fmt.Printf("  peer: ggcr fetch to OCI layout    median %8.2f ms\n", ms(benchutil.Median(peer)))
+	fmt.Printf("  ratio cold pull / peer            %8.2fx\n", float64(benchutil.Median(cold))/float64(benchutil.Median(peer)))
+	fmt.Printf("  peer: ggcr fetch + naive untar    median %8.2f ms\n", ms(benchutil.Median(naive)))
+	fmt.Printf("  ratio cold pull / naive untar     %8.2fx\n", float64(benchutil.Median(cold))/float64(benchutil.Median(naive)))
 	fmt.Printf("  warm Resolve                      %8.2f µs/op\n", float64(resolve.Nanoseconds())/1e3)
 	fmt.Printf("  warm Pull (stored reference)      %8.2f µs/op\n", float64(warm.Nanoseconds())/1e3)
 	return nil

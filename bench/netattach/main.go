@@ -37,6 +37,8 @@ import (
 	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/pod"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 func main() {
@@ -192,20 +194,12 @@ func run(iters int) error {
 		}
 		o, c = append(o, da), append(c, db)
 	}
-	om, cm := median(o), median(c)
+	om, cm := benchutil.Median(o), benchutil.Median(c)
 	fmt.Printf("netattach: attach+detach of one pod to a bridge+host-local network, %d cycles each (medians)\n", iters)
-	fmt.Printf("  network manager (Attach+Detach via kurma-netplugin): %7.2f ms\n", ms(om))
-	fmt.Printf("  cnitool add+del (peer):                              %7.2f ms\n", ms(cm))
-	fmt.Printf("  added per pod: %.2f ms (goal <= 5 ms); ratio manager/cnitool = %.3f\n", ms(om-cm), float64(om)/float64(cm))
+	fmt.Printf("  network manager (Attach+Detach via kurma-netplugin): %7.2f ms\n", benchutil.Ms(om))
+	fmt.Printf("  cnitool add+del (peer):                              %7.2f ms\n", benchutil.Ms(cm))
+	fmt.Printf("  added per pod: %.2f ms (goal <= 5 ms); ratio manager/cnitool = %.3f\n", benchutil.Ms(om-cm), float64(om)/float64(cm))
 	fmt.Printf("  fastest: manager %.2f ms, cnitool %.2f ms, difference %.2f ms\n",
-		ms(slices.Min(o)), ms(slices.Min(c)), ms(slices.Min(o)-slices.Min(c)))
+		benchutil.Ms(slices.Min(o)), benchutil.Ms(slices.Min(c)), benchutil.Ms(slices.Min(o)-slices.Min(c)))
 	return nil
 }
-
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

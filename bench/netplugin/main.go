@@ -25,6 +25,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 func main() {
@@ -34,13 +36,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/netplugin:", err)
 		os.Exit(1)
 	}
-}
-
-func binDir() string {
-	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
-		return d
-	}
-	return "bin"
 }
 
 func unique(prefix string) string {
@@ -58,7 +53,7 @@ func run(iters int) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root")
 	}
-	bin := binDir()
+	bin := benchutil.BinDir()
 	plugin := filepath.Join(bin, "kurma-netplugin")
 	cnitool := filepath.Join(bin, "tools", "cnitool")
 	cniDir, _ := filepath.Abs(filepath.Join(bin, "cni"))
@@ -176,17 +171,17 @@ func run(iters int) error {
 			return err
 		}
 	}
-	oa, od, ca, cd := median(o.add), median(o.del), median(c.add), median(c.del)
-	ot, ct := median(sum(o)), median(sum(c))
+	oa, od, ca, cd := benchutil.Median(o.add), benchutil.Median(o.del), benchutil.Median(c.add), benchutil.Median(c.del)
+	ot, ct := benchutil.Median(sum(o)), benchutil.Median(sum(c))
 	fmt.Printf("netplugin add+del, bridge+host-local, %d cycles each (medians)\n", iters)
-	fmt.Printf("  kurma-netplugin: add %7.2f ms  del %7.2f ms  add+del %7.2f ms\n", ms(oa), ms(od), ms(ot))
-	fmt.Printf("  cnitool (peer):  add %7.2f ms  del %7.2f ms  add+del %7.2f ms\n", ms(ca), ms(cd), ms(ct))
-	fmt.Printf("  added overhead per pod: %.2f ms (goal <= 5 ms); ratio ours/cnitool = %.3f\n", ms(ot-ct), float64(ot)/float64(ct))
+	fmt.Printf("  kurma-netplugin: add %7.2f ms  del %7.2f ms  add+del %7.2f ms\n", benchutil.Ms(oa), benchutil.Ms(od), benchutil.Ms(ot))
+	fmt.Printf("  cnitool (peer):  add %7.2f ms  del %7.2f ms  add+del %7.2f ms\n", benchutil.Ms(ca), benchutil.Ms(cd), benchutil.Ms(ct))
+	fmt.Printf("  added overhead per pod: %.2f ms (goal <= 5 ms); ratio ours/cnitool = %.3f\n", benchutil.Ms(ot-ct), float64(ot)/float64(ct))
 	// Minimums are less sensitive to other load on a shared machine.
 	om, cm := slices.Min(sum(o)), slices.Min(sum(c))
-	fmt.Printf("  fastest add+del: kurma-netplugin %.2f ms, cnitool %.2f ms, difference %.2f ms\n", ms(om), ms(cm), ms(om-cm))
-	oc, cc := median(o.cpu), median(c.cpu)
-	fmt.Printf("  CPU per add+del (user+sys incl. plugins): kurma-netplugin %.2f ms, cnitool %.2f ms, added %.2f ms\n", ms(oc), ms(cc), ms(oc-cc))
+	fmt.Printf("  fastest add+del: kurma-netplugin %.2f ms, cnitool %.2f ms, difference %.2f ms\n", benchutil.Ms(om), benchutil.Ms(cm), benchutil.Ms(om-cm))
+	oc, cc := benchutil.Median(o.cpu), benchutil.Median(c.cpu)
+	fmt.Printf("  CPU per add+del (user+sys incl. plugins): kurma-netplugin %.2f ms, cnitool %.2f ms, added %.2f ms\n", benchutil.Ms(oc), benchutil.Ms(cc), benchutil.Ms(oc-cc))
 	return nil
 }
 
@@ -197,17 +192,6 @@ func sum(t timing) []time.Duration {
 	}
 	return out
 }
-
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func mustAbs(p string) string {
 	a, err := filepath.Abs(p)

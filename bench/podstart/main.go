@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +20,8 @@ import (
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
 	"kurma.dev/kurma/internal/pod"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 const runs = 20
@@ -75,11 +76,6 @@ func (s *stepSink) take() time.Duration {
 	d := s.daemon
 	s.daemon = 0
 	return d
-}
-
-func median(d []time.Duration) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[len(d)/2]
 }
 
 func sh(name string, args ...string) error {
@@ -186,18 +182,18 @@ func run() error {
 			peer = append(peer, time.Since(t0))
 		}
 	}
-	total := median(creates) + median(stops) + median(removes)
+	total := benchutil.Median(creates) + benchutil.Median(stops) + benchutil.Median(removes)
 	fmt.Printf("pod manager, %d runs (medians):\n", runs)
-	fmt.Printf("  create (until stager ready)   %v\n", median(creates))
-	fmt.Printf("    of which in kurmad          %v\n", median(daemon))
+	fmt.Printf("  create (until stager ready)   %v\n", benchutil.Median(creates))
+	fmt.Printf("    of which in kurmad          %v\n", benchutil.Median(daemon))
 	for _, st := range pod.StepNames() {
-		fmt.Printf("      step %-20s %v\n", st, median(sink.steps[st]))
+		fmt.Printf("      step %-20s %v\n", st, benchutil.Median(sink.steps[st]))
 	}
-	fmt.Printf("  stop                          %v\n", median(stops))
-	fmt.Printf("  remove                        %v\n", median(removes))
+	fmt.Printf("  stop                          %v\n", benchutil.Median(stops))
+	fmt.Printf("  remove                        %v\n", benchutil.Median(removes))
 	fmt.Printf("  create+stop+remove            %v\n", total)
-	fmt.Printf("peer: unshare -mnui chroot ROOT /bin/true   %v\n", median(peer))
-	fmt.Printf("ratio kurmad part of create / peer: %.2f\n", float64(median(daemon))/float64(median(peer)))
-	fmt.Printf("ratio full cycle / peer:            %.2f\n", float64(total)/float64(median(peer)))
+	fmt.Printf("peer: unshare -mnui chroot ROOT /bin/true   %v\n", benchutil.Median(peer))
+	fmt.Printf("ratio kurmad part of create / peer: %.2f\n", float64(benchutil.Median(daemon))/float64(benchutil.Median(peer)))
+	fmt.Printf("ratio full cycle / peer:            %.2f\n", float64(total)/float64(benchutil.Median(peer)))
 	return nil
 }

@@ -31,6 +31,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 func main() {
@@ -163,10 +165,10 @@ func run(n int) (retErr error) {
 			*c.d = append(*c.d, time.Since(start))
 		}
 	}
-	km, pm := median(kt), median(pt)
+	km, pm := benchutil.Median(kt), benchutil.Median(pt)
 	fmt.Printf("run --rm IMAGE true, %d runs each (busybox, same rootfs; no network)\n", n)
-	fmt.Printf("  kurma  median %8.1f ms   min %8.1f ms   max %8.1f ms\n", ms(km), ms(slices.Min(kt)), ms(slices.Max(kt)))
-	fmt.Printf("  podman median %8.1f ms   min %8.1f ms   max %8.1f ms\n", ms(pm), ms(slices.Min(pt)), ms(slices.Max(pt)))
+	fmt.Printf("  kurma  median %8.1f ms   min %8.1f ms   max %8.1f ms\n", benchutil.Ms(km), benchutil.Ms(slices.Min(kt)), benchutil.Ms(slices.Max(kt)))
+	fmt.Printf("  podman median %8.1f ms   min %8.1f ms   max %8.1f ms\n", benchutil.Ms(pm), benchutil.Ms(slices.Min(pt)), benchutil.Ms(slices.Max(pt)))
 	fmt.Printf("  ratio kurma/podman = %.3f (goal <= 0.1)\n", float64(km)/float64(pm))
 	if b, err := phases(filepath.Join(work, "kurmad.log"), n); err == nil {
 		fmt.Print(b)
@@ -207,21 +209,10 @@ func phases(logPath string, n int) (string, error) {
 		if len(v) > n {
 			v = v[len(v)-n:]
 		}
-		fmt.Fprintf(&b, " %s %.1f ms", k, ms(median(v)))
+		fmt.Fprintf(&b, " %s %.1f ms", k, benchutil.Ms(benchutil.Median(v)))
 	}
 	b.WriteString("\n")
 	return b.String(), nil
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func lastLine(b []byte) string {

@@ -28,7 +28,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -37,6 +36,8 @@ import (
 
 	"kurma.dev/kurma/pkg/appc"
 	"kurma.dev/kurma/pkg/stagerspec"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 const launchEnv = "KSTG_BENCH_LAUNCH"
@@ -51,6 +52,9 @@ type launchSpec struct {
 	Root   string            `json:"root"`
 	Layers map[string]string `json:"layers"`
 }
+
+// samples are measured durations.
+type samples = benchutil.Samples
 
 func main() {
 	if s := os.Getenv(launchEnv); s != "" {
@@ -105,25 +109,6 @@ func launch(specJSON string) error {
 	return unix.Exec("/stager", []string{"/stager"}, []string{"PATH=/bin"})
 }
 
-func binDir() string {
-	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
-		return d
-	}
-	return "bin"
-}
-
-type samples []time.Duration
-
-func (s samples) pct(p float64) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	c := slices.Clone(s)
-	slices.Sort(c)
-	i := int(p*float64(len(c))+0.5) - 1
-	return c[max(0, min(i, len(c)-1))]
-}
-
 func imageID(name string) string {
 	sum := sha512.Sum512([]byte(name))
 	return "sha512-" + hex.EncodeToString(sum[:])
@@ -144,7 +129,7 @@ func setup() (*env, error) {
 	if err != nil {
 		return nil, fmt.Errorf("busybox (busybox-static) needed: %w", err)
 	}
-	stager, err := os.ReadFile(filepath.Join(binDir(), "kurma-stager"))
+	stager, err := os.ReadFile(filepath.Join(benchutil.BinDir(), "kurma-stager"))
 	if err != nil {
 		return nil, fmt.Errorf("run make build first: %w", err)
 	}
@@ -335,18 +320,18 @@ func run(n, runs int) error {
 	}
 	ov, cp := starts["overlay"], starts["copy"]
 	fmt.Printf("pod start to readiness (%d pods each, 1 app, 2 layers, 2000 files)\n", n)
-	fmt.Printf("  overlay   p50 %-10v p99 %v\n", ov.pct(.5), ov.pct(.99))
-	fmt.Printf("  copy      p50 %-10v p99 %v\n", cp.pct(.5), cp.pct(.99))
+	fmt.Printf("  overlay   p50 %-10v p99 %v\n", ov.Pct(.5), ov.Pct(.99))
+	fmt.Printf("  copy      p50 %-10v p99 %v\n", cp.Pct(.5), cp.Pct(.99))
 	if withCopy {
-		fmt.Printf("  ratio overlay/copy p50 %.2f\n", float64(ov.pct(.5))/float64(cp.pct(.5)))
+		fmt.Printf("  ratio overlay/copy p50 %.2f\n", float64(ov.Pct(.5))/float64(cp.Pct(.5)))
 	}
 	fmt.Printf("teardown, SIGTERM to stager exit (app: sleep, dies on TERM)\n")
-	fmt.Printf("  overlay   p50 %-10v p99 %v\n", stops["overlay"].pct(.5), stops["overlay"].pct(.99))
-	fmt.Printf("  copy      p50 %-10v p99 %v\n", stops["copy"].pct(.5), stops["copy"].pct(.99))
+	fmt.Printf("  overlay   p50 %-10v p99 %v\n", stops["overlay"].Pct(.5), stops["overlay"].Pct(.99))
+	fmt.Printf("  copy      p50 %-10v p99 %v\n", stops["copy"].Pct(.5), stops["copy"].Pct(.99))
 	fmt.Printf("run call-in `true` (%d runs) vs plain fork/exec of busybox true\n", runs)
-	fmt.Printf("  call-in   p50 %-10v p99 %v\n", callin.pct(.5), callin.pct(.99))
-	fmt.Printf("  status    p50 %-10v p99 %v  (call-in without a new process)\n", status.pct(.5), status.pct(.99))
-	fmt.Printf("  plain     p50 %-10v p99 %v\n", plain.pct(.5), plain.pct(.99))
-	fmt.Printf("  ratio call-in/plain p50 %.2f\n", float64(callin.pct(.5))/float64(plain.pct(.5)))
+	fmt.Printf("  call-in   p50 %-10v p99 %v\n", callin.Pct(.5), callin.Pct(.99))
+	fmt.Printf("  status    p50 %-10v p99 %v  (call-in without a new process)\n", status.Pct(.5), status.Pct(.99))
+	fmt.Printf("  plain     p50 %-10v p99 %v\n", plain.Pct(.5), plain.Pct(.99))
+	fmt.Printf("  ratio call-in/plain p50 %.2f\n", float64(callin.Pct(.5))/float64(plain.Pct(.5)))
 	return nil
 }

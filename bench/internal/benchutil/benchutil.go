@@ -1,0 +1,54 @@
+// Package benchutil holds what the benchmarks under bench/ share: where the
+// built binaries are, percentiles of duration samples, and milliseconds.
+//
+// Only the main packages under bench/ import it; it imports nothing from
+// Kurma.
+package benchutil
+
+import (
+	"math"
+	"os"
+	"slices"
+	"time"
+)
+
+// BinDir is where `make build` put the binaries: $KURMA_BIN_DIR, else "bin"
+// (benchmarks run from the repository root).
+func BinDir() string {
+	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
+		return d
+	}
+	return "bin"
+}
+
+// Samples is a set of measured durations.
+type Samples []time.Duration
+
+// Pct returns the nearest-rank p-quantile (p in (0, 1]; 0.99 is p99), or 0
+// for no samples. The samples are not reordered.
+func (s Samples) Pct(p float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	c := slices.Clone(s)
+	slices.Sort(c)
+	i := int(math.Ceil(p*float64(len(c)))) - 1
+	return c[max(0, min(i, len(c)-1))]
+}
+
+// Median is the middle sample, or the mean of the two middle ones for an
+// even count; 0 for no samples. The samples are not reordered.
+func Median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Ms is d in milliseconds, for printing with %.2f.
+func Ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
