@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -77,15 +76,7 @@ func newImageCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := e.client()
 			defer c.Close()
-			var errs []error
-			for _, ref := range args {
-				if err := c.RemoveImage(cmd.Context(), ref); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Fprintln(e.stdout, ref)
-			}
-			return errors.Join(errs...)
+			return e.eachRef(args, func(ref string) error { return c.RemoveImage(cmd.Context(), ref) })
 		},
 	}
 	inspect := &cobra.Command{

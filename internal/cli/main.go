@@ -36,6 +36,21 @@ type env struct {
 
 func (e *env) client() *api.Client { return api.NewClient(e.socket) }
 
+// eachRef applies do to every reference named on the command line, printing
+// each one that succeeds, as docker and podman do for stop and rm. It goes
+// on past failures and returns them all joined.
+func (e *env) eachRef(refs []string, do func(ref string) error) error {
+	var errs []error
+	for _, ref := range refs {
+		if err := do(ref); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		fmt.Fprintln(e.stdout, ref)
+	}
+	return errors.Join(errs...)
+}
+
 // exitError carries a propagated exit code without a message.
 type exitError struct{ code int }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -156,15 +155,7 @@ func newStopCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := e.client()
 			defer c.Close()
-			var errs []error
-			for _, ref := range args {
-				if err := c.StopPod(cmd.Context(), ref, grace); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Fprintln(e.stdout, ref)
-			}
-			return errors.Join(errs...)
+			return e.eachRef(args, func(ref string) error { return c.StopPod(cmd.Context(), ref, grace) })
 		},
 	}
 	cmd.Flags().IntVarP(&grace, "time", "t", 10, "seconds to wait before SIGKILL")
@@ -181,15 +172,7 @@ func newRmCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := e.client()
 			defer c.Close()
-			var errs []error
-			for _, ref := range args {
-				if err := c.RemovePod(cmd.Context(), ref, force); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Fprintln(e.stdout, ref)
-			}
-			return errors.Join(errs...)
+			return e.eachRef(args, func(ref string) error { return c.RemovePod(cmd.Context(), ref, force) })
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop running pods first")
