@@ -23,7 +23,7 @@ type Controller interface {
 	RegisterHost(ctx context.Context, h controllerapi.Host) (*controllerapi.Host, error)
 	SetPortStatus(ctx context.Context, projectID, id, status, reason string) (*controllerapi.Port, error)
 	GetSubnet(ctx context.Context, projectID, id string) (*controllerapi.Subnet, error)
-	WatchPorts(ctx context.Context, since int64, hostID string) iter.Seq2[controllerapi.Event, error]
+	WatchHostPorts(ctx context.Context, hostID string) iter.Seq2[controllerapi.Event, error]
 	WatchHosts(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error]
 }
 

@@ -1,6 +1,6 @@
 // Package agent is the host agent's reconciler: it registers the host with
-// the controller, watches every port and host there (pkg/controllerapi),
-// and drives the datapath so that this host's kernel state matches the
+// the controller, watches the ports it needs and every host there
+// (pkg/controllerapi), and drives the datapath so that this host's kernel state matches the
 // controller's view: each port bound to this host is plugged and reported
 // UP (or DOWN when its network namespace is gone, or ERROR with a reason
 // when it cannot be plugged), each VPC with local ports has its bridge,
@@ -22,6 +22,16 @@
 // device and nft rules cost the next ADD ~100 ms (bench/cni). While it
 // lingers its remote entries are not kept current; the next local port's
 // plug queues a full VPC sync.
+//
+// Port watch scope: the agent watches with WatchHostPorts, so the
+// controller sends only this host's ports and the ports of the VPCs this
+// host has ports in (filtered server-side). When a port brings the host
+// into a VPC, the controller follows its event with the VPC's other
+// ports; when the host's last port in a VPC goes, the agent drops that
+// VPC's remote ports from its cache at the same point of the stream where
+// the controller stops sending them. Such a watch cannot resume from a
+// revision, so every reconnect lists again (the list is this host's
+// scope only). The host watch resumes from its last revision.
 //
 // Locking: Agent.mu guards the cache (ports, hosts) and the synced flag;
 // it is never held across a network or netlink call. Agent.vpcLocks has

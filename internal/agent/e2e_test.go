@@ -98,6 +98,29 @@ func TestThreeHosts(t *testing.T) {
 			return countPrefix(nettest.Links(t, h3.ns), pfx+"b") == 1
 		})
 	})
+	t.Run("vpc joining a host later gets its peers", func(t *testing.T) {
+		// VPC C exists on h3 first; h2 joins it afterwards, so h2's agent
+		// only learns of c3 from the listing its controller watch sends
+		// when c2 brings the VPC (it was filtered out before).
+		snC := c.network(ctx, pid, "vpc-c", "10.30.1.0/24")
+		c3 := c.newPod(ctx, t, pid, snC.ID, h3)
+		c.waitUp(ctx, t, pid, c3)
+		c2 := c.newPod(ctx, t, pid, snC.ID, h2)
+		c.waitUp(ctx, t, pid, c2)
+		nettest.Serve(t, c3.ns, c3.ip()+":8000", "c3")
+		nettest.Serve(t, c2.ns, c2.ip()+":8000", "c2")
+		for _, tc := range []struct {
+			from, to pod
+			want     string
+		}{{c2, c3, "c3"}, {c3, c2, "c2"}} {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := nettest.Reach(rctx, tc.from.ns, tc.to.ip()+":8000", tc.want)
+			cancel()
+			if err != nil {
+				t.Errorf("%s -> %s: %v", tc.from.port.BindingHostID, tc.to.port.BindingHostID, err)
+			}
+		}
+	})
 	t.Run("sigterm exits cleanly and leaves ports", func(t *testing.T) {
 		if err := h1.proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)

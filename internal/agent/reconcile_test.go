@@ -55,7 +55,7 @@ func (f *fakeController) GetSubnet(context.Context, string, string) (*controller
 	return nil, kerrors.New(kerrors.NotFound, "no subnets here")
 }
 
-func (f *fakeController) WatchPorts(ctx context.Context, since int64, _ string) iter.Seq2[controllerapi.Event, error] {
+func (f *fakeController) WatchHostPorts(ctx context.Context, _ string) iter.Seq2[controllerapi.Event, error] {
 	return func(yield func(controllerapi.Event, error) bool) {
 		if f.hold != nil {
 			select {

@@ -3,69 +3,113 @@ package agent
 import (
 	"context"
 	"errors"
+	"iter"
 	"net"
 
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
-// watchPorts keeps the port cache current. A (re)list (since=0) replays
-// every port; at its SYNCED marker the ports that were not replayed are
-// dropped from the cache and a full resync is queued.
-func (a *Agent) watchPorts(ctx context.Context) {
+// stream is one list-then-watch loop: a listing (ADDED events, then
+// SYNCED) followed by live events, re-opened with backoff when it breaks.
+type stream struct {
+	name string
+	// open starts the stream after revision since (0: with a listing).
+	open func(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error]
+	// resumable streams reopen after the last revision seen; the others
+	// list again.
+	resumable bool
+	// apply handles an object event and returns the object's id ("" to
+	// ignore the event).
+	apply func(ev controllerapi.Event, listing bool) string
+	// listed runs at the SYNCED that ends a listing, with the ids listed.
+	listed func(ctx context.Context, seen map[string]bool)
+	// broken runs after the stream broke, before it reopens (optional).
+	broken func(ctx context.Context)
+}
+
+// run keeps s open until ctx ends.
+func (a *Agent) run(ctx context.Context, s stream) {
 	var rev int64
 	delay := a.cfg.BackoffBase
 	for ctx.Err() == nil {
+		if !s.resumable {
+			rev = 0
+		}
 		listing := rev == 0
 		seen := map[string]bool{}
-		for ev, err := range a.c.WatchPorts(ctx, rev, "") {
+		for ev, err := range s.open(ctx, rev) {
 			if err != nil {
 				if errors.Is(err, controllerapi.ErrCompacted) {
 					rev = 0
 				}
 				if ctx.Err() == nil {
-					a.log.Warn("port watch broken", "err", err, "since", rev)
+					a.log.Warn(s.name+" watch broken", "err", err, "since", rev)
 				}
 				break
 			}
 			delay = a.cfg.BackoffBase
-			switch ev.Type {
-			case controllerapi.EventSynced:
+			if ev.Type == controllerapi.EventSynced {
 				rev = ev.Revision
 				if listing {
 					listing = false
-					a.finishList(ctx, seen)
+					s.listed(ctx, seen)
 				}
-			case controllerapi.EventAdded, controllerapi.EventModified:
-				if ev.Port == nil || ev.Port.ID == "" {
-					continue
-				}
-				if listing {
-					seen[ev.Port.ID] = true
-				} else {
-					rev = max(rev, ev.Revision)
-				}
-				a.upsertPort(ev.Port)
-			case controllerapi.EventDeleted:
-				if ev.Port == nil || ev.Port.ID == "" {
-					continue
-				}
-				if !listing {
-					rev = max(rev, ev.Revision)
-				}
-				a.deletePort(ev.Port)
+				continue
+			}
+			id := s.apply(ev, listing)
+			if id == "" {
+				continue
+			}
+			if listing {
+				seen[id] = true
+			} else {
+				rev = max(rev, ev.Revision)
 			}
 		}
 		if !sleep(ctx, delay) {
 			return
 		}
 		delay = min(delay*2, a.cfg.BackoffMax)
-		// The controller may have restarted or forgotten us: announce the
-		// host again (best effort; the watch retries regardless).
-		h := controllerapi.Host{ID: a.cfg.HostID, UnderlayIP: a.cfg.UnderlayIP.String()}
-		if _, err := a.c.RegisterHost(ctx, h); err != nil && ctx.Err() == nil {
-			a.log.Debug("re-register host", "err", err)
+		if s.broken != nil {
+			s.broken(ctx)
 		}
 	}
+}
+
+// watchPorts keeps the port cache current from the controller's view of
+// this host: its own ports and the ports of the VPCs it has ports in. The
+// stream lists on every (re)connect; at its SYNCED marker the ports that
+// were not listed are dropped from the cache and a full resync is queued.
+func (a *Agent) watchPorts(ctx context.Context) {
+	a.run(ctx, stream{
+		name: "port",
+		open: func(ctx context.Context, _ int64) iter.Seq2[controllerapi.Event, error] {
+			return a.c.WatchHostPorts(ctx, a.cfg.HostID)
+		},
+		apply: func(ev controllerapi.Event, _ bool) string {
+			if ev.Port == nil || ev.Port.ID == "" {
+				return ""
+			}
+			switch ev.Type {
+			case controllerapi.EventAdded, controllerapi.EventModified:
+				a.upsertPort(ev.Port)
+			case controllerapi.EventDeleted:
+				a.deletePort(ev.Port)
+			default:
+				return ""
+			}
+			return ev.Port.ID
+		},
+		listed: a.finishList,
+		// The controller may have restarted or forgotten us: announce the
+		// host again (best effort; the watch retries regardless).
+		broken: func(ctx context.Context) {
+			h := controllerapi.Host{ID: a.cfg.HostID, UnderlayIP: a.cfg.UnderlayIP.String()}
+			if _, err := a.c.RegisterHost(ctx, h); err != nil && ctx.Err() == nil {
+				a.log.Debug("re-register host", "err", err)
+			}
+		},
+	})
 }
 
 // upsertPort stores a port (unless the cache has a newer revision) and
@@ -106,8 +150,28 @@ func (a *Agent) deletePort(p *controllerapi.Port) {
 	a.mu.Lock()
 	old := a.ports[p.ID]
 	delete(a.ports, p.ID)
+	if a.isLocal(p) && p.VNI != 0 {
+		a.forgetPeersLocked(p.VNI)
+	}
 	a.mu.Unlock()
 	a.queueFor(p, old, true)
+}
+
+// forgetPeersLocked drops the cached remote ports of VPC vni when no local
+// port is left in it: the controller stops sending their events at the
+// same point of the stream (and sends them again, listed, when a local
+// port brings the VPC back). Callers hold a.mu.
+func (a *Agent) forgetPeersLocked(vni uint32) {
+	for _, q := range a.ports {
+		if q.VNI == vni && a.isLocal(q) {
+			return
+		}
+	}
+	for id, q := range a.ports {
+		if q.VNI == vni {
+			delete(a.ports, id)
+		}
+	}
 }
 
 // queueFor queues the keys a change of port p (formerly old; deleted when
@@ -165,61 +229,40 @@ func (a *Agent) finishList(ctx context.Context, seen map[string]bool) {
 // watchHosts keeps the underlay address of every host; a change queues
 // the VPCs that have local ports.
 func (a *Agent) watchHosts(ctx context.Context) {
-	var rev int64
-	delay := a.cfg.BackoffBase
-	for ctx.Err() == nil {
-		listing := rev == 0
-		seen := map[string]bool{}
-		for ev, err := range a.c.WatchHosts(ctx, rev) {
-			if err != nil {
-				if errors.Is(err, controllerapi.ErrCompacted) {
-					rev = 0
-				}
-				if ctx.Err() == nil {
-					a.log.Warn("host watch broken", "err", err, "since", rev)
-				}
-				break
+	a.run(ctx, stream{
+		name:      "host",
+		open:      a.c.WatchHosts,
+		resumable: true,
+		apply: func(ev controllerapi.Event, listing bool) string {
+			if ev.Host == nil || ev.Host.ID == "" {
+				return ""
 			}
-			delay = a.cfg.BackoffBase
+			a.mu.Lock()
 			switch ev.Type {
-			case controllerapi.EventSynced:
-				rev = ev.Revision
-				if listing {
-					listing = false
-					a.mu.Lock()
-					for id := range a.hosts {
-						if !seen[id] {
-							delete(a.hosts, id)
-						}
-					}
-					a.mu.Unlock()
-					a.queueLocalVPCs()
-				}
-			case controllerapi.EventAdded, controllerapi.EventModified, controllerapi.EventDeleted:
-				if ev.Host == nil || ev.Host.ID == "" {
-					continue
-				}
-				if !listing {
-					rev = max(rev, ev.Revision)
-				}
-				a.mu.Lock()
-				if ev.Type == controllerapi.EventDeleted {
-					delete(a.hosts, ev.Host.ID)
-				} else if ip := net.ParseIP(ev.Host.UnderlayIP); ip != nil {
+			case controllerapi.EventDeleted:
+				delete(a.hosts, ev.Host.ID)
+			case controllerapi.EventAdded, controllerapi.EventModified:
+				if ip := net.ParseIP(ev.Host.UnderlayIP); ip != nil {
 					a.hosts[ev.Host.ID] = ip
-					seen[ev.Host.ID] = true
-				}
-				a.mu.Unlock()
-				if !listing {
-					a.queueLocalVPCs()
 				}
 			}
-		}
-		if !sleep(ctx, delay) {
-			return
-		}
-		delay = min(delay*2, a.cfg.BackoffMax)
-	}
+			a.mu.Unlock()
+			if !listing {
+				a.queueLocalVPCs()
+			}
+			return ev.Host.ID
+		},
+		listed: func(_ context.Context, seen map[string]bool) {
+			a.mu.Lock()
+			for id := range a.hosts {
+				if !seen[id] {
+					delete(a.hosts, id)
+				}
+			}
+			a.mu.Unlock()
+			a.queueLocalVPCs()
+		},
+	})
 }
 
 func (a *Agent) queueLocalVPCs() {

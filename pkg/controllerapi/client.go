@@ -360,6 +360,18 @@ func (c *Client) WatchPorts(ctx context.Context, since int64, hostID string) ite
 	return c.watch(ctx, "watch/ports", q)
 }
 
+// WatchHostPorts streams what a host agent needs: the ports bound to
+// hostID and every port of a VPC in which hostID has a port. It always
+// starts with a listing (ADDED events, then SYNCED) and cannot resume from
+// a revision: after a break, call it again. When a port brings the host
+// into a VPC, the event is followed by ADDED events for that VPC's other
+// ports; when the host's last port in a VPC goes, events for the VPC's
+// other ports stop, and the caller should forget them.
+func (c *Client) WatchHostPorts(ctx context.Context, hostID string) iter.Seq2[Event, error] {
+	q := url.Values{"since": {"0"}, "binding:host_id": {hostID}, "vpc_peers": {"true"}}
+	return c.watch(ctx, "watch/ports", q)
+}
+
 // WatchHosts is WatchPorts for hosts.
 func (c *Client) WatchHosts(ctx context.Context, since int64) iter.Seq2[Event, error] {
 	return c.watch(ctx, "watch/hosts", url.Values{"since": {strconv.FormatInt(since, 10)}})

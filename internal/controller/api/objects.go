@@ -25,6 +25,10 @@ func macKey(mac string) string             { return "macs/" + mac }
 func hostIdxKey(h, pid, id string) string  { return "idx/host/" + h + "/" + pid + "/" + id }
 func devIdxKey(pid, dev, id string) string { return "idx/dev/" + pid + "/" + dev + "/" + id }
 func nameIdxKey(pid, n, id string) string  { return "idx/name/" + pid + "/" + n + "/" + id }
+
+// vpcIdxKey indexes a port under its VPC, for watches that follow the
+// VPCs a host has ports in.
+func vpcIdxKey(pid, vpc, id string) string { return "idx/vpc/" + pid + "/" + vpc + "/" + id }
 func hostKey(id string) string             { return "hosts/" + id }
 
 // getJSON reads key into v; NotFound names kind and id.

@@ -224,6 +224,9 @@ func (s *Server) DeletePort(ctx context.Context, pid, id string) error {
 			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpClearBit, Key: blockKey(pid, f.SubnetID, blk), Bit: bit})
 			rels = append(rels, rel{tr, off})
 		}
+		if p.VPCID != "" {
+			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpDelete, Key: vpcIdxKey(pid, p.VPCID, id)})
+		}
 		if p.BindingHostID != "" {
 			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpDelete, Key: hostIdxKey(p.BindingHostID, pid, id)})
 		}

@@ -117,6 +117,7 @@ func (s *Server) CreatePorts(ctx context.Context, pid string, ports []capi.Port)
 				store.Op{Kind: store.OpPut, Key: pk, Value: mustJSON(p)},
 				store.Op{Kind: store.OpSetBit, Key: blockKey(pid, pl.entry.wire.ID, blk), Bit: bit, Size: ipam.BlockBytes},
 				store.Op{Kind: store.OpPut, Key: macKey(p.MACAddress), Value: []byte(pk)})
+			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpPut, Key: vpcIdxKey(pid, p.VPCID, p.ID)})
 			if p.BindingHostID != "" {
 				txn.Ops = append(txn.Ops, store.Op{Kind: store.OpPut, Key: hostIdxKey(p.BindingHostID, pid, p.ID)})
 			}

@@ -28,7 +28,7 @@ func (s *Server) Preload(ctx context.Context, pid, sid string, n int, hostOf fun
 	ts := now()
 	blocks := map[int][]byte{}
 	const batch = 50000
-	kvs := make([]store.KV, 0, 3*batch)
+	kvs := make([]store.KV, 0, 4*batch)
 	flush := func() error {
 		sort.Slice(kvs, func(i, j int) bool { return kvs[i].Key < kvs[j].Key })
 		if err := load(ctx, kvs); err != nil {
@@ -58,6 +58,7 @@ func (s *Server) Preload(ctx context.Context, pid, sid string, n int, hostOf fun
 			store.KV{Key: pk, Value: mustJSON(p)},
 			store.KV{Key: macKey(p.MACAddress), Value: []byte(pk)},
 			store.KV{Key: hostIdxKey(p.BindingHostID, pid, id), Value: []byte{}},
+			store.KV{Key: vpcIdxKey(pid, p.VPCID, id), Value: []byte{}},
 		)
 		blk, bit := ipam.Block(off)
 		b := blocks[blk]
@@ -67,7 +68,7 @@ func (s *Server) Preload(ctx context.Context, pid, sid string, n int, hostOf fun
 		}
 		b[bit/8] |= 1 << uint(bit%8)
 		off++
-		if len(kvs) >= 3*batch {
+		if len(kvs) >= 4*batch {
 			if err := flush(); err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +57,61 @@ func (s *Server) watchHosts(w http.ResponseWriter, r *http.Request) error {
 	return s.watch(w, r, true)
 }
 
+// portFilter decides which port events a watch sends. With a host it
+// keeps that host's ports; with peers as well, also every port of a VPC
+// in which the host has a port (what an agent needs for its remote FDB
+// and neighbour entries). It tracks the host's ports from the stream
+// itself, so it sees a VPC appear on or leave the host at the event that
+// does it.
+type portFilter struct {
+	host  string
+	peers bool
+	local map[string]string // port key -> VPC key (pid/vpc) of host's ports
+	vpcs  map[string]int    // VPC key -> number of host's ports in it
+}
+
+func vpcOf(p *capi.Port) string { return p.ProjectID + "/" + p.VPCID }
+
+// track updates the host's ports for an event. It returns the VPC key
+// when the event brought the first host port into that VPC.
+func (f *portFilter) track(e *capi.Event, key string) (joined string) {
+	if !f.peers || e.Port == nil || e.Port.BindingHostID != f.host {
+		return ""
+	}
+	if e.Type == capi.EventDeleted {
+		if v, ok := f.local[key]; ok {
+			delete(f.local, key)
+			if f.vpcs[v]--; f.vpcs[v] <= 0 {
+				delete(f.vpcs, v)
+			}
+		}
+		return ""
+	}
+	if _, ok := f.local[key]; ok {
+		return ""
+	}
+	v := vpcOf(e.Port)
+	f.local[key] = v
+	f.vpcs[v]++
+	if f.vpcs[v] == 1 {
+		return v
+	}
+	return ""
+}
+
+func (f *portFilter) keep(e *capi.Event) bool {
+	switch {
+	case f.host == "":
+		return true
+	case e.Port == nil:
+		return false
+	case e.Port.BindingHostID == f.host:
+		return true
+	default:
+		return f.peers && f.vpcs[vpcOf(e.Port)] > 0
+	}
+}
+
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -68,18 +124,32 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error
 		}
 		since = n
 	}
-	host := q.Get("binding:host_id")
-	if hosts && host != "" {
-		return kerrors.New(kerrors.Invalid, "binding:host_id filters port watches only")
+	f := &portFilter{host: q.Get("binding:host_id"), local: map[string]string{}, vpcs: map[string]int{}}
+	switch v := q.Get("vpc_peers"); v {
+	case "", "false":
+	case "true":
+		f.peers = true
+	default:
+		return kerrors.New(kerrors.Invalid, "vpc_peers %q: want true or false", v)
 	}
-	if strings.Contains(host, "/") {
-		return kerrors.New(kerrors.Invalid, "binding:host_id %q contains '/'", host)
+	if hosts && (f.host != "" || f.peers) {
+		return kerrors.New(kerrors.Invalid, "binding:host_id and vpc_peers filter port watches only")
+	}
+	if strings.Contains(f.host, "/") {
+		return kerrors.New(kerrors.Invalid, "binding:host_id %q contains '/'", f.host)
+	}
+	if f.peers && f.host == "" {
+		return kerrors.New(kerrors.Invalid, "vpc_peers needs binding:host_id")
+	}
+	if f.peers && since > 0 {
+		// The filter's state (which VPCs the host is in) is built from
+		// the listing; it cannot be rebuilt for an old revision.
+		return kerrors.New(kerrors.Invalid, "a vpc_peers watch cannot resume: watch with since=0 (it lists the host's ports and their VPCs first)")
 	}
 	prefix := "ports/"
 	if hosts {
 		prefix = "hosts/"
 	}
-	keep := func(e *capi.Event) bool { return host == "" || (e.Port != nil && e.Port.BindingHostID == host) }
 
 	bw := bufio.NewWriterSize(w, 64<<10)
 	enc := json.NewEncoder(bw)
@@ -98,6 +168,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error
 			w.WriteHeader(http.StatusOK)
 		}
 	}
+	fail := func(err error) {
+		typ := kerrors.Type(err)
+		if errors.Is(err, store.ErrCompacted) {
+			typ = "Gone"
+		}
+		_ = enc.Encode(map[string]any{"type": "ERROR", "error": capi.ErrorDetail{Type: typ, Message: err.Error()}})
+		flush()
+	}
 	var wt store.Watcher
 	if since > 0 {
 		var err error
@@ -108,18 +186,15 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error
 		flush()
 	} else {
 		start()
-		rev, err := s.replay(ctx, enc, prefix, host, hosts)
+		rev, err := s.replay(ctx, enc, prefix, f, hosts)
 		if err != nil {
-			// Headers are out: end the stream with an error line.
-			_ = enc.Encode(map[string]any{"type": "ERROR", "error": capi.ErrorDetail{Type: kerrors.Type(err), Message: err.Error()}})
-			flush()
+			fail(err) // headers are out: end the stream with an error line
 			return nil
 		}
 		_ = enc.Encode(capi.Event{Type: capi.EventSynced, Revision: rev})
 		flush()
 		if wt, err = s.st.Watch(ctx, prefix, rev); err != nil {
-			_ = enc.Encode(map[string]any{"type": "ERROR", "error": capi.ErrorDetail{Type: kerrors.Type(err), Message: err.Error()}})
-			flush()
+			fail(err)
 			return nil
 		}
 	}
@@ -130,12 +205,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error
 		case ev, ok := <-wt.Events():
 			if !ok {
 				if err := wt.Err(); err != nil && ctx.Err() == nil {
-					typ := kerrors.Type(err)
-					if errors.Is(err, store.ErrCompacted) {
-						typ = "Gone"
-					}
-					_ = enc.Encode(map[string]any{"type": "ERROR", "error": capi.ErrorDetail{Type: typ, Message: err.Error()}})
-					flush()
+					fail(err)
 				}
 				return nil
 			}
@@ -144,9 +214,19 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error
 				s.log.Warn("undecodable stored object in watch", "key", ev.Key, "err", err)
 				continue
 			}
-			if keep(&e) {
+			joined := f.track(&e, ev.Key)
+			if f.keep(&e) {
 				if err := enc.Encode(e); err != nil {
 					return nil // client gone
+				}
+			}
+			if joined != "" {
+				// The host's first port in this VPC: send the VPC's other
+				// ports as they are now. Events for them older than what
+				// is sent may follow; revision numbers order them.
+				if err := s.replayVPC(ctx, enc, joined, f.host, e.Revision); err != nil {
+					fail(err)
+					return nil
 				}
 			}
 			if len(wt.Events()) == 0 {
@@ -163,21 +243,22 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, hosts bool) error
 
 // replay writes the current objects as ADDED events and returns the
 // revision to watch from.
-func (s *Server) replay(ctx context.Context, enc *json.Encoder, prefix, host string, hosts bool) (int64, error) {
+func (s *Server) replay(ctx context.Context, enc *json.Encoder, prefix string, f *portFilter, hosts bool) (int64, error) {
 	emit := func(kv store.KV) error {
 		e, err := toEvent(store.Event{Type: store.EventPut, Key: kv.Key, Value: kv.Value, Rev: kv.ModRev}, hosts)
 		if err != nil {
 			return err
 		}
 		e.Type = capi.EventAdded
+		f.track(&e, kv.Key)
 		return enc.Encode(e)
 	}
-	if host == "" {
+	if f.host == "" {
 		return s.st.ForEach(ctx, prefix, emit)
 	}
 	// Use the host index, then read each port; the watch that follows
 	// starts at the index snapshot, so later changes arrive as events.
-	idx := "idx/host/" + host + "/"
+	idx := "idx/host/" + f.host + "/"
 	var keys []string
 	rev, err := s.st.ForEach(ctx, idx, func(kv store.KV) error {
 		keys = append(keys, "ports/"+kv.Key[len(idx):])
@@ -198,5 +279,50 @@ func (s *Server) replay(ctx context.Context, enc *json.Encoder, prefix, host str
 			return 0, err
 		}
 	}
+	vpcs := make([]string, 0, len(f.vpcs))
+	for v := range f.vpcs {
+		vpcs = append(vpcs, v)
+	}
+	slices.Sort(vpcs)
+	for _, v := range vpcs {
+		if err := s.replayVPC(ctx, enc, v, f.host, 0); err != nil {
+			return 0, err
+		}
+	}
 	return rev, nil
+}
+
+// replayVPC writes the ports of VPC key v (pid/vpc) not bound to host as
+// ADDED events with stream revision rev (0 while listing, where the
+// SYNCED line carries the revision).
+func (s *Server) replayVPC(ctx context.Context, enc *json.Encoder, v, host string, rev int64) error {
+	idx := "idx/vpc/" + v + "/"
+	pid, _, _ := strings.Cut(v, "/")
+	var keys []string
+	if _, err := s.st.ForEach(ctx, idx, func(kv store.KV) error {
+		keys = append(keys, portKey(pid, kv.Key[len(idx):]))
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		kv, err := s.st.Get(ctx, k)
+		if errors.Is(err, kerrors.NotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		p, err := decodePort(kv)
+		if err != nil {
+			return err
+		}
+		if p.BindingHostID == host {
+			continue
+		}
+		if err := enc.Encode(capi.Event{Type: capi.EventAdded, Revision: rev, Port: &p}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -151,3 +151,98 @@ func TestHostsAndWatch(t *testing.T) {
 		t.Fatal("deleted host still readable")
 	}
 }
+
+// TestWatchHostPorts checks the vpc_peers filter: an agent gets its own
+// ports and those of the VPCs it has ports in, nothing of other VPCs; a
+// VPC that appears on the host later is listed at that point, and one the
+// host leaves stops sending events.
+func TestWatchHostPorts(t *testing.T) {
+	e := newEnv(t, "")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if _, err := e.cli.CreateVPC(ctx, "p1", capi.VPC{ID: "v2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cli.CreateSubnet(ctx, "p1", capi.Subnet{ID: "s2", NetworkID: "v2", CIDR: "10.30.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	create := func(id, sub, host string) {
+		t.Helper()
+		if _, err := e.cli.CreatePort(ctx, "p1", capi.Port{ID: id, NetworkID: sub, BindingHostID: host}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create("mine", "s1", "h1")
+	create("peer", "s1", "h2")
+	create("other", "s2", "h2")
+	create("other2", "s2", "h3")
+
+	pull, stop := iter.Pull2(e.cli.WatchHostPorts(ctx, "h1"))
+	defer stop()
+	var got []string
+	for {
+		ev := next(t, pull)
+		if ev.Type == capi.EventSynced {
+			break
+		}
+		got = append(got, ev.Type+":"+ev.Port.ID)
+	}
+	if strings.Join(got, " ") != "ADDED:mine ADDED:peer" {
+		t.Fatalf("listing = %v, want mine and its VPC peer only", got)
+	}
+	// Live: a port of the unrelated VPC is not sent; the next event is
+	// the peer VPC's new port.
+	create("other3", "s2", "h2")
+	create("peer2", "s1", "h3")
+	if ev := next(t, pull); ev.Type != capi.EventAdded || ev.Port.ID != "peer2" {
+		t.Fatalf("event = %s %+v, want ADDED peer2", ev.Type, ev.Port)
+	}
+	// A port on h1 in v2 brings v2's existing ports.
+	create("mine2", "s2", "h1")
+	got = nil
+	for range 4 {
+		ev := next(t, pull)
+		got = append(got, ev.Type+":"+ev.Port.ID)
+	}
+	if strings.Join(got, " ") != "ADDED:mine2 ADDED:other ADDED:other2 ADDED:other3" {
+		t.Fatalf("joining v2 = %v", got)
+	}
+	// Leaving v2 again: its events stop after mine2's DELETED.
+	if err := e.cli.DeletePort(ctx, "p1", "mine2"); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, pull); ev.Type != capi.EventDeleted || ev.Port.ID != "mine2" {
+		t.Fatalf("event = %s %+v, want DELETED mine2", ev.Type, ev.Port)
+	}
+	if err := e.cli.DeletePort(ctx, "p1", "other"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cli.SetPortStatus(ctx, "p1", "peer", capi.StatusUp, ""); err != nil {
+		t.Fatal(err)
+	}
+	if ev := next(t, pull); ev.Type != capi.EventModified || ev.Port.ID != "peer" {
+		t.Fatalf("event = %s %+v, want MODIFIED peer (nothing of v2)", ev.Type, ev.Port)
+	}
+}
+
+func TestWatchHostPortsBadQuery(t *testing.T) {
+	e := newEnv(t, "")
+	tests := []struct{ name, query string }{
+		{"peers without host", "since=0&vpc_peers=true"},
+		{"peers resuming", "since=3&binding:host_id=h1&vpc_peers=true"},
+		{"peers not a bool", "since=0&binding:host_id=h1&vpc_peers=yes"},
+		{"host watch with peers", "hosts"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			u := e.url + "/watch/ports?" + tc.query
+			if tc.query == "hosts" {
+				u = e.url + "/watch/hosts?vpc_peers=true"
+			}
+			code, body := raw(t, "GET", u, "")
+			if code != http.StatusBadRequest {
+				t.Fatalf("%s = %d %s, want 400", tc.query, code, body)
+			}
+		})
+	}
+}
