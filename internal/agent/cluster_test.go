@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/controller/etcdtest"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -27,7 +28,7 @@ import (
 const (
 	pfx      = "kagt"
 	ctlIP    = "192.0.2.254"
-	ctlPort  = "9696"
+	ctlPort  = 9696 // replica i: ctlPort+i
 	waitUpTO = 20 * time.Second
 )
 
@@ -44,13 +45,23 @@ type cluster struct {
 	agentBin  string
 	nftTable  string
 	ctlBin    string
-	ctl       *proc
-	c         *controllerapi.Client
+	storeSpec string                  // --store of every replica
+	ctls      []*proc                 // replica i listens on ctlIP:9696+i
+	clients   []*controllerapi.Client // one per replica
+	ctl       *proc                   // ctls[0]
+	c         *controllerapi.Client   // clients[0]
 	hosts     []*host
+}
+
+// clusterOpts selects the store and the number of controller replicas.
+type clusterOpts struct {
+	etcd     bool // a real etcd in the underlay namespace instead of bbolt
+	replicas int  // default 1; host i talks to replica i%replicas
 }
 
 type host struct {
 	id, ns, ip, stateDir, log string
+	replica                   int // the controller replica its agent uses
 	proc                      *proc
 }
 
@@ -128,6 +139,12 @@ func nsHTTPClient(nsPath string) *http.Client {
 
 func newCluster(t *testing.T, nHosts int) *cluster {
 	t.Helper()
+	return newClusterOpts(t, nHosts, clusterOpts{})
+}
+
+func newClusterOpts(t *testing.T, nHosts int, o clusterOpts) *cluster {
+	t.Helper()
+	o.replicas = max(o.replicas, 1)
 	testutil.RequireRoot(t)
 	if testing.Short() {
 		t.Skip("multi-host test: needs the controller and agent binaries (skipped with -short)")
@@ -154,16 +171,39 @@ func newCluster(t *testing.T, nHosts int) *cluster {
 			c.dumpLogs()
 		}
 	})
-	client, err := controllerapi.New("http://"+ctlIP+":"+ctlPort, controllerapi.WithToken(hex.EncodeToString(tok)),
-		controllerapi.WithHTTPClient(nsHTTPClient(c.ul)))
-	if err != nil {
-		t.Fatal(err)
+	hc := nsHTTPClient(c.ul)
+	for i := range o.replicas {
+		client, err := controllerapi.New(c.ctlURL(i), controllerapi.WithToken(hex.EncodeToString(tok)), controllerapi.WithHTTPClient(hc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.clients = append(c.clients, client)
 	}
-	c.c = client
+	c.c = c.clients[0]
+	c.ctls = make([]*proc, o.replicas)
 	c.ctlBin = ctlBin
-	c.startController()
+	c.storeSpec = "bolt:" + filepath.Join(c.dir, "controller.db")
+	if o.etcd {
+		etcdDir := filepath.Join(c.dir, "etcd")
+		if err := os.Mkdir(etcdDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		// The underlay namespace is new: any port is free there.
+		srv, err := etcdtest.StartSpec(t.Context(), etcdtest.Spec{
+			Binary: testutil.Bin(t, "tools/etcd"), Dir: etcdDir, IP: ctlIP, ClientPort: 2379, PeerPort: 2380,
+			Wrap: []string{"ip", "netns", "exec", nettest.Name(c.ul)}, HTTP: hc,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Stop)
+		c.storeSpec = "etcd:" + srv.ClientURL
+	}
+	for i := range o.replicas {
+		c.startReplica(i)
+	}
 	for i := 1; i <= nHosts; i++ {
-		h := &host{id: fmt.Sprintf("h%d", i), ip: fmt.Sprintf("192.0.2.%d", i), stateDir: filepath.Join(c.dir, fmt.Sprintf("h%d", i))}
+		h := &host{id: fmt.Sprintf("h%d", i), ip: fmt.Sprintf("192.0.2.%d", i), stateDir: filepath.Join(c.dir, fmt.Sprintf("h%d", i)), replica: (i - 1) % o.replicas}
 		h.log = filepath.Join(c.dir, h.id+".log")
 		h.ns = nettest.NewNS(t, testutil.UniqueName(pfx))
 		peer := fmt.Sprintf("kagtu%d", i)
@@ -177,20 +217,36 @@ func newCluster(t *testing.T, nHosts int) *cluster {
 	return c
 }
 
-// startController starts the controller (again) on the cluster's bolt
-// file and waits until it answers.
-func (c *cluster) startController() {
+func (c *cluster) ctlURL(i int) string {
+	return fmt.Sprintf("http://%s:%d", ctlIP, ctlPort+i)
+}
+
+// startController starts replica 0 (again) on the cluster's store and
+// waits until it answers.
+func (c *cluster) startController() { c.startReplica(0) }
+
+// startReplica starts controller replica i (again) and waits until it
+// answers.
+func (c *cluster) startReplica(i int) {
 	t := c.t
 	t.Helper()
-	c.ctl = startProc(t, filepath.Join(c.dir, "controller.log"), "ip", "netns", "exec", nettest.Name(c.ul), c.ctlBin,
-		"--listen", ctlIP+":"+ctlPort, "--store", "bolt:"+filepath.Join(c.dir, "controller.db"), "--token-file", c.tokenFile)
+	name := "controller"
+	if i > 0 {
+		name = fmt.Sprintf("controller%d", i)
+	}
+	p := startProc(t, filepath.Join(c.dir, name+".log"), "ip", "netns", "exec", nettest.Name(c.ul), c.ctlBin,
+		"--listen", fmt.Sprintf("%s:%d", ctlIP, ctlPort+i), "--store", c.storeSpec, "--token-file", c.tokenFile)
+	c.ctls[i] = p
+	if i == 0 {
+		c.ctl = p
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		_, err := c.c.ListHosts(t.Context())
+		_, err := c.clients[i].ListHosts(t.Context())
 		if err == nil {
 			return
 		}
-		if c.ctl.exited() || time.Now().After(deadline) {
+		if p.exited() || time.Now().After(deadline) {
 			c.dumpLogs()
 			t.Fatalf("controller not ready: %v", err)
 		}
@@ -200,13 +256,13 @@ func (c *cluster) startController() {
 
 func (c *cluster) startAgent(h *host) {
 	h.proc = startProc(c.t, h.log, "ip", "netns", "exec", nettest.Name(h.ns), c.agentBin,
-		"--controller", "http://"+ctlIP+":"+ctlPort, "--token-file", c.tokenFile,
+		"--controller", c.ctlURL(h.replica), "--token-file", c.tokenFile,
 		"--host-id", h.id, "--underlay-ip", h.ip, "--underlay-dev", "kagtu0",
 		"--state-dir", h.stateDir, "--link-prefix", pfx, "--nft-table", c.nftTable, "--resync", "1s")
 }
 
 func (c *cluster) dumpLogs() {
-	for _, f := range append([]string{"controller"}, hostIDs(c.hosts)...) {
+	for _, f := range append([]string{"controller", "controller1"}, hostIDs(c.hosts)...) {
 		b, _ := os.ReadFile(filepath.Join(c.dir, f+".log"))
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		if len(lines) > 40 {

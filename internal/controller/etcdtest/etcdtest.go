@@ -46,9 +46,40 @@ func Start(ctx context.Context, binary, dir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	client := "http://127.0.0.1:" + strconv.Itoa(cp)
-	peer := "http://127.0.0.1:" + strconv.Itoa(pp)
-	cmd := exec.Command(binary,
+	return start(ctx, Spec{Binary: binary, Dir: dir, ClientPort: cp, PeerPort: pp})
+}
+
+// Spec describes an etcd to start with StartSpec.
+type Spec struct {
+	Binary, Dir string
+	// IP to listen on (default 127.0.0.1) and the two ports, which must be
+	// free there.
+	IP                   string
+	ClientPort, PeerPort int
+	// Wrap, when set, is the command line the etcd command is appended to
+	// (for example ip netns exec NAME), and HTTP the client that reaches
+	// it for the health check.
+	Wrap []string
+	HTTP *http.Client
+}
+
+// StartSpec is Start with the address and wrapping under the caller's
+// control (for an etcd inside a test's network namespace).
+func StartSpec(ctx context.Context, sp Spec) (*Server, error) { return start(ctx, sp) }
+
+func start(ctx context.Context, sp Spec) (*Server, error) {
+	ip := sp.IP
+	if ip == "" {
+		ip = "127.0.0.1"
+	}
+	hc := sp.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	dir := sp.Dir
+	client := "http://" + net.JoinHostPort(ip, strconv.Itoa(sp.ClientPort))
+	peer := "http://" + net.JoinHostPort(ip, strconv.Itoa(sp.PeerPort))
+	args := append(append([]string{}, sp.Wrap...), sp.Binary,
 		"--name", "kctl",
 		"--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
@@ -57,18 +88,21 @@ func Start(ctx context.Context, binary, dir string) (*Server, error) {
 		"--log-level", "error", "--quota-backend-bytes", strconv.Itoa(4<<30),
 		// Bulk port creation is one transaction of ~6 operations per port.
 		"--max-txn-ops", "40000", "--max-request-bytes", strconv.Itoa(32<<20))
+	cmd := exec.Command(args[0], args[1:]...)
 	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
 	if err != nil {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
 		return nil, fmt.Errorf("start etcd: %w", err)
 	}
+	_ = logf.Close() // the child has its own descriptor
 	s := &Server{ClientURL: client, cmd: cmd}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(client + "/health")
+		resp, err := hc.Get(client + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
