@@ -77,19 +77,36 @@ func (s *Server) createVPC(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
+// projectChild is an object of kind T read from the store for a request
+// naming it as project/<pid>/<kind>s/<id>.
+type projectChild[T any] struct {
+	pid, id, key string
+	v            T
+	rev          int64
+}
+
+// loadChild checks the URL's project and id and reads the object whose
+// store key keyOf gives.
+func loadChild[T any](s *Server, r *http.Request, kind string, keyOf func(pid, id string) string) (projectChild[T], error) {
+	c := projectChild[T]{pid: r.PathValue("pid"), id: r.PathValue("id")}
+	if err := s.requireProject(r.Context(), c.pid); err != nil {
+		return c, err
+	}
+	if err := validID(kind, c.id); err != nil {
+		return c, err
+	}
+	c.key = keyOf(c.pid, c.id)
+	var err error
+	c.rev, err = s.getJSON(r.Context(), c.key, kind, c.id, &c.v)
+	return c, err
+}
+
 func (s *Server) getVPC(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("vpc", id); err != nil {
-		return err
-	}
-	var v capi.VPC
-	rev, err := s.getJSON(r.Context(), vpcKey(pid, id), "vpc", id, &v)
+	c, err := loadChild[capi.VPC](s, r, "vpc", vpcKey)
 	if err != nil {
 		return err
 	}
+	v, rev := c.v, c.rev
 	v.RevisionNumber = rev
 	return writeJSON(w, http.StatusOK, capi.VPCBody{VPC: v})
 }
@@ -116,19 +133,11 @@ func (s *Server) listVPCs(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteVPC(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("vpc", id); err != nil {
-		return err
-	}
-	var v capi.VPC
-	k := vpcKey(pid, id)
-	rev, err := s.getJSON(r.Context(), k, "vpc", id, &v)
+	c, err := loadChild[capi.VPC](s, r, "vpc", vpcKey)
 	if err != nil {
 		return err
 	}
+	pid, id, k, v, rev := c.pid, c.id, c.key, c.v, c.rev
 	subs, err := s.subnetsOf(r.Context(), pid, id)
 	if err != nil {
 		return err
@@ -259,18 +268,11 @@ func (s *Server) createSubnet(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getSubnet(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("subnet", id); err != nil {
-		return err
-	}
-	var sn storedSubnet
-	rev, err := s.getJSON(r.Context(), subnetKey(pid, id), "subnet", id, &sn)
+	c, err := loadChild[storedSubnet](s, r, "subnet", subnetKey)
 	if err != nil {
 		return err
 	}
+	sn, rev := c.v, c.rev
 	sn.RevisionNumber = rev
 	return writeJSON(w, http.StatusOK, capi.SubnetBody{Subnet: sn.Subnet})
 }
@@ -288,20 +290,12 @@ func (s *Server) listSubnets(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteSubnet(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("subnet", id); err != nil {
-		return err
-	}
-	ctx := r.Context()
-	k := subnetKey(pid, id)
-	var sn storedSubnet
-	rev, err := s.getJSON(ctx, k, "subnet", id, &sn)
+	c, err := loadChild[storedSubnet](s, r, "subnet", subnetKey)
 	if err != nil {
 		return err
 	}
+	ctx := r.Context()
+	pid, id, k, sn, rev := c.pid, c.id, c.key, c.v, c.rev
 	// Step 1: mark deleting (bumps the revision port creations depend on).
 	sn.Deleting = true
 	rev, err = s.st.Txn(ctx, store.Txn{Conds: []store.Cond{{Kind: store.CondModRev, Key: k, Rev: rev}}, Ops: []store.Op{{Kind: store.OpPut, Key: k, Value: mustJSON(sn)}}})
