@@ -27,6 +27,11 @@ type Controller interface {
 	WatchHosts(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error]
 }
 
+// guardSetter is implemented by datapaths that enforce port_security.
+type guardSetter interface {
+	SetGuards(ctx context.Context, guards []datapath.Guard) error
+}
+
 // goneWatcher is implemented by datapaths that report vanished ports.
 type goneWatcher interface {
 	WatchGone(ctx context.Context, gone func(portID string)) error
@@ -206,6 +211,8 @@ func (a *Agent) sync(ctx context.Context, key string) error {
 	switch kind {
 	case "p":
 		return a.syncPort(ctx, id)
+	case "g":
+		return a.syncGuards(ctx)
 	case "v":
 		vni, err := strconv.ParseUint(id, 10, 32)
 		if err != nil {
@@ -216,7 +223,11 @@ func (a *Agent) sync(ctx context.Context, key string) error {
 	return nil
 }
 
-func portKey(id string) string                      { return "p/" + id }
+func portKey(id string) string { return "p/" + id }
+
+// guardsKey is the one key for all port guards: they are one nft table.
+const guardsKey = "g/"
+
 func vpcKey(vni uint32) string                      { return "v/" + strconv.FormatUint(uint64(vni), 10) }
 func (a *Agent) isLocal(p *controllerapi.Port) bool { return p.BindingHostID == a.cfg.HostID }
 
@@ -239,7 +250,7 @@ func (a *Agent) resync(ctx context.Context) {
 		return // until the first list, the cache cannot tell orphans
 	}
 	a.mu.Lock()
-	var keys []string
+	keys := []string{guardsKey}
 	vnis := map[uint32]bool{}
 	for id, p := range a.ports {
 		if a.isLocal(p) {

@@ -116,3 +116,42 @@ func toRemote(p *controllerapi.Port, vtep net.IP) (datapath.Remote, bool) {
 	}
 	return r, true
 }
+
+// toGuard converts a local port to its anti-spoofing guard. ok is false
+// when the port is not guarded: port_security_enabled is false, its MAC
+// does not parse, or an allowed address pair names another MAC or a
+// CIDR (which a guard cannot express). Pairs with a single address and
+// no other MAC add that address.
+func toGuard(p *controllerapi.Port) (g datapath.Guard, ok bool) {
+	if p.PortSecurityEnabled != nil && !*p.PortSecurityEnabled {
+		return g, false
+	}
+	mac, err := net.ParseMAC(p.MACAddress)
+	if err != nil || len(mac) != 6 {
+		return g, false
+	}
+	g = datapath.Guard{PortID: p.ID, MAC: mac}
+	add := func(s string) bool {
+		ip := net.ParseIP(s)
+		if ip == nil || ip.IsUnspecified() {
+			return false
+		}
+		if v4 := ip.To4(); v4 != nil {
+			ip = v4
+		}
+		g.IPs = append(g.IPs, ip)
+		return true
+	}
+	for _, f := range p.FixedIPs {
+		add(f.IPAddress)
+	}
+	for _, ap := range p.AllowedAddressPairs {
+		if ap.MACAddress != "" && !strings.EqualFold(ap.MACAddress, p.MACAddress) {
+			return g, false
+		}
+		if ap.IPAddress != "" && !add(ap.IPAddress) {
+			return g, false
+		}
+	}
+	return g, g.Validate() == nil
+}

@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 
 	"kurma.dev/kurma/internal/agent/datapath"
@@ -124,3 +125,45 @@ func FuzzToPortSpec(f *testing.F) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestToGuard(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		mod     func(*controllerapi.Port)
+		ok      bool
+		wantIPs []string
+	}{
+		{"default guarded", func(*controllerapi.Port) {}, true, []string{"10.42.0.5"}},
+		{"explicitly enabled", func(p *controllerapi.Port) { p.PortSecurityEnabled = ptr(true) }, true, []string{"10.42.0.5"}},
+		{"disabled", func(p *controllerapi.Port) { p.PortSecurityEnabled = ptr(false) }, false, nil},
+		{"bad mac", func(p *controllerapi.Port) { p.MACAddress = "zz" }, false, nil},
+		{"pair adds address", func(p *controllerapi.Port) {
+			p.AllowedAddressPairs = []controllerapi.AddressPair{{IPAddress: "10.42.0.200", MACAddress: "02:42:00:00:00:05"}}
+		}, true, []string{"10.42.0.5", "10.42.0.200"}},
+		{"pair with other mac", func(p *controllerapi.Port) {
+			p.AllowedAddressPairs = []controllerapi.AddressPair{{IPAddress: "10.42.0.200", MACAddress: "02:42:00:00:00:99"}}
+		}, false, nil},
+		{"pair with cidr", func(p *controllerapi.Port) {
+			p.AllowedAddressPairs = []controllerapi.AddressPair{{IPAddress: "10.42.0.0/24"}}
+		}, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goodPort()
+			tc.mod(&p)
+			g, ok := toGuard(&p)
+			if ok != tc.ok {
+				t.Fatalf("toGuard ok = %v, want %v", ok, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			var got []string
+			for _, ip := range g.IPs {
+				got = append(got, ip.String())
+			}
+			if !slices.Equal(got, tc.wantIPs) || g.MAC.String() != p.MACAddress {
+				t.Fatalf("guard = %v %v, want %v %s", g.MAC, got, tc.wantIPs, p.MACAddress)
+			}
+		})
+	}
+}

@@ -33,6 +33,14 @@
 // revision, so every reconnect lists again (the list is this host's
 // scope only). The host watch resumes from its last revision.
 //
+// Port security: every local port whose port_security_enabled is not
+// false gets a datapath guard (anti-spoofing: its MAC and addresses only,
+// plus single-address allowed_address_pairs on its own MAC). A port whose
+// allowed pairs name another MAC or a CIDR is left unguarded, as is one
+// with port security off. All guards are one queue key ("g/"), synced
+// from the cache after the first list and on every resync. Security
+// groups are stored by the controller but not enforced.
+//
 // Locking: Agent.mu guards the cache (ports, hosts) and the synced flag;
 // it is never held across a network or netlink call. Agent.vpcLocks has
 // one RWMutex per VPC: ensuring, setting remotes and deleting take it

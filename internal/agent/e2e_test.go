@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -59,6 +60,31 @@ func TestThreeHosts(t *testing.T) {
 			if got, err := nettest.Dial(pair[0].ns, pair[1].ip()+":8000", 700*time.Millisecond); err == nil {
 				t.Errorf("%s (%s) reached %s (%s): %q", pair[0].ip(), pair[0].port.VPCID, pair[1].ip(), pair[1].port.VPCID, got)
 			}
+		}
+	})
+	t.Run("spoofed source address is dropped", func(t *testing.T) {
+		// a1 takes an address its port does not own; the guard on h1
+		// (port_security, on by default) drops what it sends from it, so
+		// the dial times out. The agent's resync also removes the extra
+		// address from the pod: then the dial fails locally, and is tried
+		// again.
+		var err error
+		for range 5 {
+			nettest.IP(t, a1.ns, "addr", "replace", "10.10.1.250/24", "dev", "eth0")
+			var got string
+			got, err = nettest.DialFrom(a1.ns, "10.10.1.250", a2.ip()+":8000", 700*time.Millisecond)
+			if err == nil {
+				t.Fatalf("a1 reached a2 from a spoofed address: %q", got)
+			}
+			if os.IsTimeout(err) {
+				break
+			}
+		}
+		if !os.IsTimeout(err) {
+			t.Fatalf("spoofed dial failed without a timeout: %v", err)
+		}
+		if got, err := nettest.DialFrom(a1.ns, a1.ip(), a2.ip()+":8000", 2*time.Second); err != nil || got != "1" {
+			t.Errorf("a1 from its own address: %q, %v", got, err)
 		}
 	})
 	t.Run("each port plugged once", func(t *testing.T) {

@@ -318,3 +318,25 @@ func (a *Agent) report(ctx context.Context, p *controllerapi.Port, status, reaso
 	a.mu.Unlock()
 	return nil
 }
+
+// syncGuards sets the anti-spoofing guards of every local port with port
+// security (the datapath keeps them in one table, rewritten whole).
+// Datapaths without guards skip it.
+func (a *Agent) syncGuards(ctx context.Context) error {
+	gs, ok := a.dp.(guardSetter)
+	if !ok || !a.isSynced() {
+		return nil // before the first list the cache would drop guards
+	}
+	a.mu.Lock()
+	var guards []datapath.Guard
+	for _, p := range a.ports {
+		if !a.isLocal(p) {
+			continue
+		}
+		if g, ok := toGuard(p); ok {
+			guards = append(guards, g)
+		}
+	}
+	a.mu.Unlock()
+	return gs.SetGuards(ctx, guards)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"iter"
 	"net"
+	"slices"
 
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -134,6 +135,7 @@ func (a *Agent) upsertPort(p *controllerapi.Port) {
 // the datapath programs (status changes do not count).
 func datapathChange(a, b *controllerapi.Port) bool {
 	if a.BindingHostID != b.BindingHostID || a.VNI != b.VNI || a.MACAddress != b.MACAddress ||
+		portSecurity(a) != portSecurity(b) || !slices.Equal(a.AllowedAddressPairs, b.AllowedAddressPairs) ||
 		netnsOf(a) != netnsOf(b) || a.VethName != b.VethName || len(a.FixedIPs) != len(b.FixedIPs) ||
 		adminUp(a) != adminUp(b) {
 		return true
@@ -180,6 +182,9 @@ func (a *Agent) forgetPeersLocked(vni uint32) {
 // remotes), so a new port's plug does not wait behind a VPC sync. A
 // remote port queues its VPC, whose remote entries change.
 func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
+	if a.isLocal(p) || (old != nil && a.isLocal(old)) {
+		a.q.Add(guardsKey)
+	}
 	if a.isLocal(p) {
 		a.q.Add(portKey(p.ID))
 		if deleted && p.VNI != 0 {
@@ -280,3 +285,7 @@ func (a *Agent) queueLocalVPCs() {
 }
 
 func adminUp(p *controllerapi.Port) bool { return p.AdminStateUp == nil || *p.AdminStateUp }
+
+func portSecurity(p *controllerapi.Port) bool {
+	return p.PortSecurityEnabled == nil || *p.PortSecurityEnabled
+}

@@ -122,8 +122,9 @@ type Datapath struct {
 	mtu   int
 	log   *slog.Logger
 
-	nftMu sync.Mutex          // guards nft (one transaction at a time)
-	nft   knftables.Interface // bound to the host namespace at creation
+	nftMu sync.Mutex          // guards nft and bnft (one transaction at a time)
+	nft   knftables.Interface // inet table (VPC isolation), bound to the host namespace at creation
+	bnft  knftables.Interface // bridge table of the same name (port guards)
 }
 
 var _ Interface = (*Datapath)(nil)
@@ -208,6 +209,11 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 			return fmt.Errorf("nftables: %w", err)
 		}
 		d.nft = nft
+		bnft, err := knftables.New(knftables.BridgeFamily, cfg.NFTTable)
+		if err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
+		d.bnft = bnft
 		return nil
 	})
 	if err != nil {

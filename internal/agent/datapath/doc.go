@@ -40,6 +40,16 @@
 // routing by the host itself (between two subnets of one VPC whose CIDR
 // another VPC on the same host also uses).
 //
+// Port security (SetGuards): a bridge-family table of the same name as the
+// inet one holds a prerouting chain with, per guarded port, rules matched
+// on its host-side veth: frames must have the port's source MAC and be
+// IPv4, ARP or IPv6; IPv4 and ARP senders must be one of the port's
+// addresses (ARP may also use 0.0.0.0), IPv6 sources one of its addresses,
+// link-local or ::. Everything else the pod sends is dropped before the
+// bridge sees it. The table is rewritten whole in one transaction. Rules
+// match interface names, so a guard can precede its port's plug; a port
+// plugged before its guard is set sends unguarded for that moment.
+//
 // Locking: a Datapath holds no mutable state besides its netlink handle
 // (safe for concurrent use) and a mutex that serialises nft transactions
 // (nftMu). Callers serialise operations on the same port id and on the

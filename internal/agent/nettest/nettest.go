@@ -84,10 +84,19 @@ func Serve(t testing.TB, nsPath, addr, reply string) {
 // Dial connects from inside the namespace to addr and returns what the
 // server sent, within timeout.
 func Dial(nsPath, addr string, timeout time.Duration) (string, error) {
+	return DialFrom(nsPath, "", addr, timeout)
+}
+
+// DialFrom is Dial with source address src ("" : the kernel's choice).
+func DialFrom(nsPath, src, addr string, timeout time.Duration) (string, error) {
 	var c net.Conn
 	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		d := net.Dialer{Timeout: timeout}
+		if src != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+		}
 		var err error
-		c, err = net.DialTimeout("tcp", addr, timeout)
+		c, err = d.Dial("tcp", addr)
 		return err
 	})
 	if err != nil {
