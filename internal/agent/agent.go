@@ -69,7 +69,7 @@ type Agent struct {
 	q   *queue
 
 	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced
-	ports    map[string]*controllerapi.Port   // every port the controller has, by id
+	ports    map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
 	hosts    map[string]net.IP                // underlay address by host id
 	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
 	ready    map[uint32]bool                  // VPCs whose remotes are programmed
@@ -126,7 +126,7 @@ func (a *Agent) isSynced() bool {
 	}
 }
 
-// Synced is closed once the agent has listed every port and queued the
+// Synced is closed once the agent has listed its ports and queued the
 // first full sync.
 func (a *Agent) Synced() <-chan struct{} { return a.synced }
 
