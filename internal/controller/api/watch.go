@@ -293,8 +293,8 @@ func (s *Server) replay(ctx context.Context, enc *json.Encoder, prefix string, f
 }
 
 // replayVPC writes the ports of VPC key v (pid/vpc) not bound to host as
-// ADDED events with stream revision rev (0 while listing, where the
-// SYNCED line carries the revision).
+// ADDED events with stream revision rev (0 while listing: then each event
+// carries its port's revision, as the other listed ports do).
 func (s *Server) replayVPC(ctx context.Context, enc *json.Encoder, v, host string, rev int64) error {
 	idx := "idx/vpc/" + v + "/"
 	pid, _, _ := strings.Cut(v, "/")
@@ -320,7 +320,11 @@ func (s *Server) replayVPC(ctx context.Context, enc *json.Encoder, v, host strin
 		if p.BindingHostID == host {
 			continue
 		}
-		if err := enc.Encode(capi.Event{Type: capi.EventAdded, Revision: rev, Port: &p}); err != nil {
+		ev := capi.Event{Type: capi.EventAdded, Revision: rev, Port: &p}
+		if rev == 0 {
+			ev.Revision = p.RevisionNumber // listing: as the other listed ports
+		}
+		if err := enc.Encode(ev); err != nil {
 			return err
 		}
 	}
