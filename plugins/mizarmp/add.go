@@ -72,17 +72,10 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 			(&fieldError{"prevResult", "mizarmp must be the first plugin of its chain"}).Error(), "")
 	}
 	want := newPort(inv)
-	created, err := createPort(ctx, inv, want)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if retErr != nil {
-			rollback(inv, created.ID)
-		}
-	}()
 
-	// The subnet does not change while we wait: fetch it concurrently.
+	// The subnet does not change while we wait: fetch it concurrently
+	// with the create (it only supplies the DNS servers and checks the
+	// address; the port's fixed_ips carry cidr and gateway).
 	type subnetResult struct {
 		s   *controllerapi.Subnet
 		err error
@@ -95,7 +88,22 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 		subCh <- subnetResult{s, err}
 	}()
 
-	up, err := waitUp(ctx, inv, created)
+	// One request creates the port and waits for UP; the up timeout
+	// counts from here.
+	deadline := time.Now().Add(c.upTimeout)
+	created, err := createPort(ctx, inv, want)
+	if err != nil {
+		if mayExist(err) {
+			rollback(inv, want.ID)
+		}
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			rollback(inv, created.ID)
+		}
+	}()
+	up, err := waitUp(ctx, inv, created, deadline)
 	if err != nil {
 		return err
 	}
@@ -110,13 +118,27 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 	return types.PrintResult(res, c.CNIVersion)
 }
 
-// createPort POSTs the port. A conflict means a port with our id survived
+// mayExist reports whether a failed create may still have created the
+// port: the request was sent but its answer was lost (timeout, controller
+// gone mid-wait). A rejection by the controller created nothing.
+func mayExist(err error) bool {
+	for _, k := range []error{kerrors.Conflict, kerrors.Invalid, kerrors.NotFound, kerrors.Unauthorized, kerrors.Exhausted} {
+		if errors.Is(err, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// createPort POSTs the port with the long poll's query, so that the answer
+// normally comes once the agent has reported it UP (a controller that does
+// not wait on create answers PENDING; waitUp then long-polls). A conflict means a port with our id survived
 // an earlier ADD that never got its DEL (a crash): it is replaced once.
 func createPort(ctx context.Context, inv *invocation, p controllerapi.Port) (*controllerapi.Port, error) {
 	c := inv.conf
 	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-		created, err := inv.api.CreatePort(rctx, c.Project, p)
+		rctx, cancel := context.WithTimeout(ctx, c.upTimeout+c.reqTime)
+		created, err := inv.api.CreatePortWait(rctx, c.Project, p, controllerapi.StatusUp, c.upTimeout)
 		cancel()
 		if err == nil {
 			return created, nil
@@ -152,10 +174,10 @@ func rollback(inv *invocation, id string) {
 
 // waitUp blocks until the port is UP, using the controller's long poll and
 // falling back to plain polling (with backoff) when a poll returns early
-// without UP. It gives up after the config's up timeout (spec 003: 1m).
-func waitUp(ctx context.Context, inv *invocation, p *controllerapi.Port) (*controllerapi.Port, error) {
+// without UP. It gives up at deadline (the config's up timeout after the
+// create was sent; spec 003: 1m).
+func waitUp(ctx context.Context, inv *invocation, p *controllerapi.Port, deadline time.Time) (*controllerapi.Port, error) {
 	c := inv.conf
-	deadline := time.Now().Add(c.upTimeout)
 	backoff := 5 * time.Millisecond
 	for {
 		switch p.Status {

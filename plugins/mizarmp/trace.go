@@ -68,7 +68,7 @@ func (t *timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp, err := t.rt.RoundTrip(r)
 	method := r.Method
 	if r.URL.Query().Has("wait_status") {
-		method = "WAIT"
+		method += "+WAIT" // POST+WAIT: create and wait; GET+WAIT: long poll
 	}
 	t.clock.record(method, time.Since(start))
 	return resp, err
