@@ -132,8 +132,9 @@ func mayExist(err error) bool {
 
 // createPort POSTs the port with the long poll's query, so that the answer
 // normally comes once the agent has reported it UP (a controller that does
-// not wait on create answers PENDING; waitUp then long-polls). A conflict means a port with our id survived
-// an earlier ADD that never got its DEL (a crash): it is replaced once.
+// not wait on create answers PENDING; waitUp then long-polls). A conflict
+// means a port with our id survived an earlier ADD that never got its DEL
+// (a crash): it is replaced once.
 func createPort(ctx context.Context, inv *invocation, p controllerapi.Port) (*controllerapi.Port, error) {
 	c := inv.conf
 	for attempt := 0; ; attempt++ {
