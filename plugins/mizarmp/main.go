@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 
-
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
