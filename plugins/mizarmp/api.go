@@ -100,6 +100,7 @@ type apiConn struct {
 func newAPIClient(base *url.URL, token string, dialTimeout time.Duration, tr *tracer) *apiClient {
 	b := *base
 	b.Path = strings.TrimRight(b.Path, "/")
+	b.RawPath = ""
 	c := &apiClient{base: &b, token: token, dialTO: dialTimeout, trace: tr}
 	if b.Scheme == "https" {
 		c.tlsConf = &tls.Config{ServerName: b.Hostname(), MinVersion: tls.VersionTLS12}
@@ -155,7 +156,7 @@ func (c *apiClient) release(ac *apiConn, reuse bool) {
 
 // do sends one request and decodes a 2xx JSON answer into out (if not
 // nil). label names the request in the trace.
-func (c *apiClient) do(ctx context.Context, label, method, path string, q url.Values, in, out any) (retErr error) {
+func (c *apiClient) do(ctx context.Context, label, method, path string, q url.Values, in, out any) error {
 	what := method + " " + path
 	var body []byte
 	if in != nil {
@@ -200,7 +201,7 @@ func (c *apiClient) exchange(ctx context.Context, method, path string, q url.Val
 	stop := context.AfterFunc(ctx, func() { _ = ac.c.SetDeadline(time.Now()) })
 	defer stop()
 
-	target := c.base.Path + "/" + path
+	target := c.base.EscapedPath() + "/" + path
 	if len(q) > 0 {
 		target += "?" + q.Encode()
 	}
