@@ -82,6 +82,45 @@ netplugin_image() {
 netplugin_image
 # --- end network plugin image ---
 
+# --- mizarmp network plugin image (plugins/mizarmp; owner: cniperf) ---
+# bin/images/kurma-netplugin-mizarmp.aci: the default plugin's binary as
+# main exec and /opt/network/add|del (it drives any CNI plugin through
+# libcni), with the mizarmp CNI plugin alone in /opt/cni/bin, so a
+# pod_networks entry of type "mizarmp" attaches pods to a Kurma controller
+# network (test/e2e TestMizarmpNetworkE2E). Host-privileged like the
+# default image: the agent plugs the port, but the plugin still runs with
+# host networking to reach the controller on the host's loopback.
+mizarmp_netplugin_image() {
+  local stage priv
+  for f in kurma-netplugin kurma-acbuild mizarmp; do
+    [ -e "$BIN/$f" ] || { echo "mizarmp image: $BIN/$f missing (make binaries)" >&2; return 1; }
+  done
+  stage=$(mktemp -d)
+  mkdir -p "$stage/cni" "$stage/state"
+  cp "$BIN/mizarmp" "$stage/cni/mizarmp"
+  if "$BIN/kurma-acbuild" build -h 2>&1 | grep -q -- '-annotation'; then
+    priv=(--annotation kurma.dev/host-privileged=true)
+  else
+    priv=(--label kurma.dev/host-privileged=true)
+  fi
+  if ! "$BIN/kurma-acbuild" build -o "$BIN/images/kurma-netplugin-mizarmp.aci" \
+    --name kurma.dev/netplugin-mizarmp --gzip --exec /netplugin "${priv[@]}" \
+    --env PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    --label os=linux --label arch="$(go env GOARCH)" \
+    --add "$BIN/kurma-netplugin:/netplugin" \
+    --add "$BIN/kurma-netplugin:/opt/network/add" \
+    --add "$BIN/kurma-netplugin:/opt/network/del" \
+    --add "$stage/cni:/opt/cni/bin" \
+    --add "$stage/state:/var/lib/kurma-network" >/dev/null; then
+    rm -rf "$stage"
+    return 1
+  fi
+  rm -rf "$stage"
+  echo "built $BIN/images/kurma-netplugin-mizarmp.aci"
+}
+mizarmp_netplugin_image
+# --- end mizarmp network plugin image ---
+
 # --- test and demo images (internal/pod; owner: daemon core) ---
 # bin/images/busybox.aci (+ the same as an OCI layout bin/images/busybox-oci/
 # and a docker-save tarball bin/images/busybox.tar) from Debian's

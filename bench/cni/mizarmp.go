@@ -114,8 +114,8 @@ func ownTime(ctx context.Context, plugin string, conf []byte, n int) (samples, s
 		ms(wallAdd.Pct(0.5)), ms(wallAdd.Pct(0.99)), ms(wallDel.Pct(0.5)), ms(wallDel.Pct(0.99)))
 	fmt.Printf("  of which waiting for controller+agent:  ADD p50 %s p99 %s   DEL p50 %s p99 %s\n",
 		ms(waitAdd.Pct(0.5)), ms(waitAdd.Pct(0.99)), ms(waitDel.Pct(0.5)), ms(waitDel.Pct(0.99)))
-	fmt.Printf("  ADD's controller requests p50: POST %s  WAIT (long poll until UP) %s  GET subnet %s\n",
-		ms(perReq["POST"].Pct(0.5)), ms(perReq["WAIT"].Pct(0.5)), ms(perReq["GET"].Pct(0.5)))
+	fmt.Printf("  ADD's controller requests p50: POST+WAIT (create, answered once UP) %s  GET+WAIT (fallback long poll) %s  GET subnet (concurrent) %s\n",
+		ms(perReq["POST+WAIT"].Pct(0.5)), ms(perReq["GET+WAIT"].Pct(0.5)), ms(perReq["GET"].Pct(0.5)))
 	fmt.Printf("  mizarmp CPU time (user+sys, whole process): ADD p50 %s p99 %s   DEL p50 %s p99 %s\n",
 		ms(cpuAdd.Pct(0.5)), ms(cpuAdd.Pct(0.99)), ms(cpuDel.Pct(0.5)), ms(cpuDel.Pct(0.99)))
 	return add, del, nil

@@ -254,6 +254,23 @@ func (c *Client) CreatePort(ctx context.Context, projectID string, p Port) (*Por
 	return &out.Port, nil
 }
 
+// CreatePortWait creates one port and, in the same request, waits as
+// WaitPort does: the answer comes once the port's status is no longer
+// PENDING (or equals waitStatus), or as it is after timeout. A controller
+// that ignores the query answers at once with the PENDING port; the
+// caller checks Status and falls back to WaitPort.
+func (c *Client) CreatePortWait(ctx context.Context, projectID string, p Port, waitStatus string, timeout time.Duration) (*Port, error) {
+	if waitStatus == "" {
+		waitStatus = StatusUp
+	}
+	q := url.Values{"wait_status": {waitStatus}, "timeout": {timeout.String()}}
+	var out PortBody
+	if err := c.do(ctx, http.MethodPost, "project/"+esc(projectID)+"/ports", q, PortBody{p}, &out); err != nil {
+		return nil, err
+	}
+	return &out.Port, nil
+}
+
 // CreatePorts creates ports in bulk, all or nothing.
 func (c *Client) CreatePorts(ctx context.Context, projectID string, ps []Port) ([]Port, error) {
 	var out PortsBody

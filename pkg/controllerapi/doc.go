@@ -4,9 +4,10 @@
 // its object in a key named after it, Neutron style: {"port":{...}},
 // {"ports":[...]}, {"subnet":{...}}.
 //
-// The controller (internal/controller/...), the host agent and the mizarmp
-// CNI plugin all build on this package, so changes must be additive: new
-// optional fields and new methods only.
+// The controller (internal/controller/...) and the host agent build on this
+// package, and the mizarmp CNI plugin mirrors its JSON in its own small
+// client (plugins/mizarmp/api.go, tested against these types), so changes
+// must be additive: new optional fields and new methods only.
 //
 // Locking: a Client is safe for concurrent use; it holds no mutable state
 // beyond its http.Client.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,14 +15,37 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/utils"
-	"github.com/google/uuid"
 
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/pkg/controllerapi"
 )
 
-// portNamespace seeds the name-based port ids (UUID v5).
-var portNamespace = uuid.MustParse("6f1d3c2e-8a55-4f0b-9c7e-2b8e1d4a9f10")
+// portNamespace seeds the name-based port ids (UUID v5, RFC 9562): the
+// bytes of 6f1d3c2e-8a55-4f0b-9c7e-2b8e1d4a9f10.
+var portNamespace = [16]byte{0x6f, 0x1d, 0x3c, 0x2e, 0x8a, 0x55, 0x4f, 0x0b, 0x9c, 0x7e, 0x2b, 0x8e, 0x1d, 0x4a, 0x9f, 0x10}
+
+// uuidV5 is the name-based (SHA-1) UUID of name in namespace ns, in its
+// 8-4-4-4-12 text form. (Written out here rather than taken from a UUID
+// module, which would add crypto/rand and more to the plugin's start.)
+func uuidV5(ns [16]byte, name []byte) string {
+	h := sha1.New()
+	h.Write(ns[:])
+	h.Write(name)
+	var u [16]byte
+	copy(u[:], h.Sum(nil))
+	u[6] = u[6]&0x0f | 0x50 // version 5
+	u[8] = u[8]&0x3f | 0x80 // RFC variant
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
+}
 
 // portID is the id of the port for one attachment. It is derived from the
 // host, network name, container id and interface, which CNI guarantees are
@@ -28,13 +53,13 @@ var portNamespace = uuid.MustParse("6f1d3c2e-8a55-4f0b-9c7e-2b8e1d4a9f10")
 // request and no cached state.
 func portID(c *NetConf, containerID, ifName string) string {
 	key := strings.Join([]string{c.HostID, c.Project, c.Subnet, c.Name, containerID, ifName}, "\x00")
-	return uuid.NewSHA1(portNamespace, []byte(key)).String()
+	return uuidV5(portNamespace, []byte(key))
 }
 
 func ptr[T any](v T) *T { return &v }
 
 // newPort builds the create-port body exactly as spec 003 shows it.
-func newPort(inv *invocation) controllerapi.Port {
+func newPort(inv *invocation) port {
 	c, a := inv.conf, inv.args
 	id := portID(c, a.ContainerID, a.IfName)
 	sandbox := inv.cni.SandboxID
@@ -42,7 +67,7 @@ func newPort(inv *invocation) controllerapi.Port {
 		sandbox = a.ContainerID
 	}
 	host, _ := os.Hostname()
-	return controllerapi.Port{
+	return port{
 		ProjectID:           c.Project,
 		ID:                  id,
 		Name:                "k8s_" + id,
@@ -72,19 +97,12 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 			(&fieldError{"prevResult", "mizarmp must be the first plugin of its chain"}).Error(), "")
 	}
 	want := newPort(inv)
-	created, err := createPort(ctx, inv, want)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if retErr != nil {
-			rollback(inv, created.ID)
-		}
-	}()
 
-	// The subnet does not change while we wait: fetch it concurrently.
+	// The subnet does not change while we wait: fetch it concurrently
+	// with the create (it only supplies the DNS servers and checks the
+	// address; the port's fixed_ips carry cidr and gateway).
 	type subnetResult struct {
-		s   *controllerapi.Subnet
+		s   *subnet
 		err error
 	}
 	subCh := make(chan subnetResult, 1)
@@ -95,7 +113,22 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 		subCh <- subnetResult{s, err}
 	}()
 
-	up, err := waitUp(ctx, inv, created)
+	// One request creates the port and waits for UP; the up timeout
+	// counts from here.
+	deadline := time.Now().Add(c.upTimeout)
+	created, err := createPort(ctx, inv, want)
+	if err != nil {
+		if mayExist(err) {
+			rollback(inv, want.ID)
+		}
+		return err
+	}
+	defer func() {
+		if retErr != nil {
+			rollback(inv, created.ID)
+		}
+	}()
+	up, err := waitUp(ctx, inv, created, deadline)
 	if err != nil {
 		return err
 	}
@@ -110,13 +143,28 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 	return types.PrintResult(res, c.CNIVersion)
 }
 
-// createPort POSTs the port. A conflict means a port with our id survived
-// an earlier ADD that never got its DEL (a crash): it is replaced once.
-func createPort(ctx context.Context, inv *invocation, p controllerapi.Port) (*controllerapi.Port, error) {
+// mayExist reports whether a failed create may still have created the
+// port: the request was sent but its answer was lost (timeout, controller
+// gone mid-wait). A rejection by the controller created nothing.
+func mayExist(err error) bool {
+	for _, k := range []error{kerrors.Conflict, kerrors.Invalid, kerrors.NotFound, kerrors.Unauthorized, kerrors.Exhausted} {
+		if errors.Is(err, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// createPort POSTs the port with the long poll's query, so that the answer
+// normally comes once the agent has reported it UP (a controller that does
+// not wait on create answers PENDING; waitUp then long-polls). A conflict
+// means a port with our id survived an earlier ADD that never got its DEL
+// (a crash): it is replaced once.
+func createPort(ctx context.Context, inv *invocation, p port) (*port, error) {
 	c := inv.conf
 	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-		created, err := inv.api.CreatePort(rctx, c.Project, p)
+		rctx, cancel := context.WithTimeout(ctx, c.upTimeout+c.reqTime)
+		created, err := inv.api.CreatePortWait(rctx, c.Project, p, statusUp, c.upTimeout)
 		cancel()
 		if err == nil {
 			return created, nil
@@ -152,16 +200,16 @@ func rollback(inv *invocation, id string) {
 
 // waitUp blocks until the port is UP, using the controller's long poll and
 // falling back to plain polling (with backoff) when a poll returns early
-// without UP. It gives up after the config's up timeout (spec 003: 1m).
-func waitUp(ctx context.Context, inv *invocation, p *controllerapi.Port) (*controllerapi.Port, error) {
+// without UP. It gives up at deadline (the config's up timeout after the
+// create was sent; spec 003: 1m).
+func waitUp(ctx context.Context, inv *invocation, p *port, deadline time.Time) (*port, error) {
 	c := inv.conf
-	deadline := time.Now().Add(c.upTimeout)
 	backoff := 5 * time.Millisecond
 	for {
 		switch p.Status {
-		case controllerapi.StatusUp:
+		case statusUp:
 			return p, nil
-		case controllerapi.StatusError:
+		case statusError:
 			return nil, fmt.Errorf("port %s is ERROR: %s", p.ID, p.StatusReason)
 		}
 		left := time.Until(deadline)
@@ -171,13 +219,13 @@ func waitUp(ctx context.Context, inv *invocation, p *controllerapi.Port) (*contr
 		}
 		start := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, left+c.reqTime)
-		np, err := inv.api.WaitPort(rctx, c.Project, p.ID, controllerapi.StatusUp, left)
+		np, err := inv.api.WaitPort(rctx, c.Project, p.ID, statusUp, left)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("wait for port %s: %w", p.ID, err)
 		}
 		p = np
-		if p.Status == controllerapi.StatusUp || p.Status == controllerapi.StatusError {
+		if p.Status == statusUp || p.Status == statusError {
 			continue
 		}
 		// Returned early without UP: the controller ignores long polls, or
@@ -194,7 +242,7 @@ func waitUp(ctx context.Context, inv *invocation, p *controllerapi.Port) (*contr
 }
 
 // buildResult turns the UP port and its subnet into a CNI 1.x result.
-func buildResult(c *NetConf, ifName, netns string, p *controllerapi.Port, s *controllerapi.Subnet) (*types100.Result, error) {
+func buildResult(c *NetConf, ifName, netns string, p *port, s *subnet) (*types100.Result, error) {
 	if len(p.FixedIPs) == 0 {
 		return nil, fmt.Errorf("port %s has no fixed_ips", p.ID)
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/pkg/controllerapi"
 )
 
 // cmdCheck verifies that the attachment's port is UP and that the
@@ -28,7 +27,7 @@ func cmdCheck(ctx context.Context, inv *invocation) error {
 	if err != nil {
 		return err
 	}
-	if p.Status != controllerapi.StatusUp {
+	if p.Status != statusUp {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("port %s is %s, want UP", p.ID, p.Status), p.StatusReason)
 	}
 	var want []net.IP
@@ -58,7 +57,7 @@ func cmdCheck(ctx context.Context, inv *invocation) error {
 }
 
 // lookupPort finds the attachment's port by its derived id, then by list.
-func lookupPort(ctx context.Context, inv *invocation) (*controllerapi.Port, error) {
+func lookupPort(ctx context.Context, inv *invocation) (*port, error) {
 	c, a := inv.conf, inv.args
 	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
 	p, err := inv.api.GetPort(rctx, c.Project, portID(c, a.ContainerID, a.IfName))

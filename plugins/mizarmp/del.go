@@ -8,7 +8,6 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/pkg/controllerapi"
 )
 
 // cmdDel deletes the attachment's port. It needs neither the netns nor a
@@ -52,15 +51,15 @@ func deletePort(ctx context.Context, inv *invocation, id string) error {
 
 // findPorts lists this host's ports on our subnet for a container and
 // interface.
-func findPorts(ctx context.Context, inv *invocation, containerID, ifName string) ([]controllerapi.Port, error) {
+func findPorts(ctx context.Context, inv *invocation, containerID, ifName string) ([]port, error) {
 	c := inv.conf
 	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
 	defer cancel()
-	ports, err := inv.api.ListPorts(rctx, c.Project, controllerapi.PortFilter{HostID: c.HostID, DeviceID: containerID})
+	ports, err := inv.api.ListPorts(rctx, c.Project, portFilter{HostID: c.HostID, DeviceID: containerID})
 	if err != nil {
 		return nil, fmt.Errorf("list ports of %s: %w", containerID, err)
 	}
-	var out []controllerapi.Port
+	var out []port
 	for _, p := range ports {
 		if p.DeviceID == containerID && p.VethName == ifName && p.BindingHostID == c.HostID && p.NetworkID == c.Subnet {
 			out = append(out, p)

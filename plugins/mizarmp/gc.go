@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/pkg/controllerapi"
 )
 
 type attachment struct{ containerID, ifName string }
@@ -22,7 +21,7 @@ func cmdGC(ctx context.Context, inv *invocation) error {
 		valid[attachment{v.ContainerID, v.IfName}] = true
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-	ports, err := inv.api.ListPorts(rctx, c.Project, controllerapi.PortFilter{HostID: c.HostID, NetworkID: c.Subnet})
+	ports, err := inv.api.ListPorts(rctx, c.Project, portFilter{HostID: c.HostID, NetworkID: c.Subnet})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("gc: list ports: %w", err)
@@ -41,7 +40,7 @@ func cmdGC(ctx context.Context, inv *invocation) error {
 
 // ownedBy reports whether p was created by this plugin for network c: the
 // id is the one ADD derives from the port's own device and interface.
-func ownedBy(c *NetConf, p controllerapi.Port) bool {
+func ownedBy(c *NetConf, p port) bool {
 	return p.BindingHostID == c.HostID && p.NetworkID == c.Subnet &&
 		strings.HasPrefix(p.Name, "k8s_") && p.ID == portID(c, p.DeviceID, p.VethName)
 }

@@ -8,15 +8,11 @@ import (
 	"os"
 	"slices"
 
-	"net"
-	"net/http"
-
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/pkg/controllerapi"
 )
 
 // supportedVersions is every CNI version the plugin speaks, 0.1.0 to 1.1.0.
@@ -92,7 +88,7 @@ type invocation struct {
 	args *skel.CmdArgs
 	conf *NetConf
 	cni  cniArgs
-	api  *controllerapi.Client
+	api  *apiClient
 }
 
 // run parses the config and CNI_ARGS, builds the client, runs verb under the
@@ -120,23 +116,11 @@ func run(a *skel.CmdArgs, tr *tracer, verb func(context.Context, *invocation) er
 	return cniError(verb(ctx, &invocation{args: a, conf: conf, cni: ca, api: api}))
 }
 
-// newClient returns a controller client tuned for a short-lived process:
-// no proxy lookup, no TCP keep-alive probes, no compression, and one
-// connection kept idle so the verb's requests reuse it.
-func newClient(c *NetConf, tr *tracer) (*controllerapi.Client, error) {
-	d := &net.Dialer{Timeout: c.reqTime, KeepAlive: -1}
-	ht := &http.Transport{
-		DialContext:           d.DialContext,
-		MaxIdleConnsPerHost:   4,
-		DisableCompression:    true,
-		ResponseHeaderTimeout: c.upTimeout + c.reqTime,
-		TLSHandshakeTimeout:   c.reqTime,
-	}
-	opts := []controllerapi.Option{controllerapi.WithHTTPClient(&http.Client{Transport: tr.wrap(ht)})}
-	if c.Token != "" {
-		opts = append(opts, controllerapi.WithToken(c.Token))
-	}
-	return controllerapi.New(c.base.String(), opts...)
+// newClient returns the plugin's controller client (api.go): no proxy
+// lookup, no TCP keep-alive probes, one connection reused across the
+// verb's sequential requests.
+func newClient(c *NetConf, tr *tracer) (*apiClient, error) {
+	return newAPIClient(c.base, c.Token, c.reqTime, tr), nil
 }
 
 // cniError maps an error category to a CNI error code: an unreachable or

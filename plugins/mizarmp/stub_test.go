@@ -71,6 +71,21 @@ func notFound(w http.ResponseWriter) {
 	writeJSON(w, 404, controllerapi.ErrorBody{Error: controllerapi.ErrorDetail{Type: "NotFound", Message: "no such object"}})
 }
 
+// waitLocked waits (s.mu held) until port id leaves PENDING, is deleted
+// (nil) or the request's timeout passes.
+func (s *stubController) waitLocked(r *http.Request, id string) *controllerapi.Port {
+	d, _ := time.ParseDuration(r.URL.Query().Get("timeout"))
+	deadline := time.Now().Add(d)
+	stop := time.AfterFunc(d, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop.Stop()
+	p := s.ports[id]
+	for p != nil && p.Status == controllerapi.StatusPending && time.Now().Before(deadline) {
+		s.cond.Wait()
+		p = s.ports[id]
+	}
+	return p
+}
+
 func (s *stubController) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.log = append(s.log, r.Method+" "+r.URL.Path)
@@ -111,6 +126,13 @@ func (s *stubController) serve(w http.ResponseWriter, r *http.Request) {
 			}
 			s.mu.Unlock()
 		}()
+		if s.longPoll && r.URL.Query().Get("wait_status") != "" {
+			s.mu.Lock()
+			if q := s.waitLocked(r, p.ID); q != nil {
+				created = *q
+			}
+			s.mu.Unlock()
+		}
 		writeJSON(w, 201, controllerapi.PortBody{Port: created})
 	case r.Method == "GET" && rest == "ports":
 		s.mu.Lock()
@@ -141,16 +163,7 @@ func (s *stubController) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if s.longPoll && r.URL.Query().Get("wait_status") != "" {
-			d, _ := time.ParseDuration(r.URL.Query().Get("timeout"))
-			deadline := time.Now().Add(d)
-			stop := time.AfterFunc(d, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
-			for p.Status == controllerapi.StatusPending && time.Now().Before(deadline) {
-				s.cond.Wait()
-				if p = s.ports[id]; p == nil {
-					break
-				}
-			}
-			stop.Stop()
+			p = s.waitLocked(r, id)
 		}
 		var out controllerapi.Port
 		if p != nil {

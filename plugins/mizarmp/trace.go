@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -54,26 +53,6 @@ func (w *waitClock) total() time.Duration {
 	return w.busy
 }
 
-// timedTransport counts a request as waiting from send until its response
-// headers arrive.
-type timedTransport struct {
-	rt    http.RoundTripper
-	clock *waitClock
-}
-
-func (t *timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	t.clock.begin()
-	defer t.clock.end()
-	start := time.Now()
-	resp, err := t.rt.RoundTrip(r)
-	method := r.Method
-	if r.URL.Query().Has("wait_status") {
-		method = "WAIT"
-	}
-	t.clock.record(method, time.Since(start))
-	return resp, err
-}
-
 // tracer reports the invocation's timing at exit when enabled.
 type tracer struct {
 	start time.Time
@@ -88,11 +67,19 @@ func newTracer() *tracer {
 	return t
 }
 
-func (t *tracer) wrap(rt http.RoundTripper) http.RoundTripper {
-	if t.clock == nil {
-		return rt
+// begin marks the start of a controller request named label (its
+// method, or POST+WAIT / GET+WAIT / LIST); call the returned func when the
+// answer has been read.
+func (t *tracer) begin(label string) func() {
+	if t == nil || t.clock == nil {
+		return func() {}
 	}
-	return &timedTransport{rt: rt, clock: t.clock}
+	t.clock.begin()
+	start := time.Now()
+	return func() {
+		t.clock.record(label, time.Since(start))
+		t.clock.end()
+	}
 }
 
 func (t *tracer) report(verb string) {

@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"kurma.dev/kurma/internal/kerrors"
@@ -244,7 +245,10 @@ func (d *Datapath) inHost(f func() error) error {
 }
 
 // podHandle opens a netlink handle inside the pod namespace at path.
-// A missing namespace is a kerrors.NotFound error.
+// A missing namespace is a kerrors.NotFound error. The handle has only a
+// NETLINK_ROUTE socket (links, addresses, routes: all a plug needs there):
+// each socket costs two setns calls and a socket, and the default set is
+// three families.
 func podHandle(path string) (*netlink.Handle, netns.NsHandle, error) {
 	if path == "" {
 		return nil, 0, kerrors.New(kerrors.Invalid, "no network namespace given")
@@ -256,7 +260,7 @@ func podHandle(path string) (*netlink.Handle, netns.NsHandle, error) {
 		}
 		return nil, 0, fmt.Errorf("open network namespace %s: %w", path, err)
 	}
-	h, err := netlink.NewHandleAt(nsh)
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
 	if err != nil {
 		_ = nsh.Close()
 		return nil, 0, kerrors.New(kerrors.Invalid, "%s is not a network namespace: %v", path, err)

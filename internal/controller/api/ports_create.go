@@ -29,6 +29,16 @@ func (s *Server) createPorts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// ?wait_status=&timeout= on a single create: answer once the new port
+	// has left PENDING (as GET with the same query does), so a CNI ADD
+	// needs one request instead of a create and then a long poll.
+	ws, d, err := s.parseWait(r)
+	if err != nil {
+		return err
+	}
+	if bulk && d > 0 {
+		return kerrors.New(kerrors.Invalid, "wait_status and timeout apply to single-port creates only")
+	}
 	out, err := s.CreatePorts(r.Context(), pid, ports)
 	if err != nil {
 		return err
@@ -36,7 +46,13 @@ func (s *Server) createPorts(w http.ResponseWriter, r *http.Request) error {
 	if bulk {
 		return writeJSON(w, http.StatusCreated, capi.PortsBody{Ports: out})
 	}
-	return writeJSON(w, http.StatusCreated, capi.PortBody{Port: out[0]})
+	p := out[0]
+	if d > 0 {
+		if p, err = s.WaitPort(r.Context(), pid, p.ID, ws, d); err != nil {
+			return err
+		}
+	}
+	return writeJSON(w, http.StatusCreated, capi.PortBody{Port: p})
 }
 
 // plan is one port being created.

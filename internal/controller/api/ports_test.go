@@ -337,6 +337,54 @@ func TestStatusAndLongPoll(t *testing.T) {
 	})
 }
 
+// TestCreateWait covers POST with wait_status: the answer waits for the
+// status change, returns PENDING after the timeout, and a bulk create with
+// the query is refused without creating anything.
+func TestCreateWait(t *testing.T) {
+	e := newEnv(t, "")
+	ctx := t.Context()
+	t.Run("wakes on UP", func(t *testing.T) {
+		setErr := make(chan error, 1)
+		go func() {
+			// Report UP as soon as the port exists (an agent's view).
+			for range 200 {
+				if _, err := e.cli.SetPortStatus(ctx, "p1", "cw1", capi.StatusUp, ""); err == nil || !errors.Is(err, kerrors.NotFound) {
+					setErr <- err
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			setErr <- errors.New("port cw1 never appeared")
+		}()
+		p, err := e.cli.CreatePortWait(ctx, "p1", capi.Port{ID: "cw1", NetworkID: "s1", BindingHostID: "h1"}, capi.StatusUp, 10*time.Second)
+		if serr := <-setErr; serr != nil {
+			t.Fatalf("SetPortStatus UP: %v", serr)
+		}
+		if err != nil || p.Status != capi.StatusUp || len(p.FixedIPs) != 1 || p.FixedIPs[0].CIDR == "" {
+			t.Fatalf("CreatePortWait = %+v, %v", p, err)
+		}
+	})
+	t.Run("times out pending", func(t *testing.T) {
+		start := time.Now()
+		p, err := e.cli.CreatePortWait(ctx, "p1", capi.Port{ID: "cw2", NetworkID: "s1", BindingHostID: "h1"}, capi.StatusUp, 200*time.Millisecond)
+		if err != nil || p.Status != capi.StatusPending {
+			t.Fatalf("CreatePortWait = %+v, %v", p, err)
+		}
+		if d := time.Since(start); d < 150*time.Millisecond || d > 3*time.Second {
+			t.Fatalf("answered after %v", d)
+		}
+	})
+	t.Run("bulk refused", func(t *testing.T) {
+		code, body := raw(t, "POST", e.url+"/project/p1/ports?wait_status=UP&timeout=1s", `{"ports":[{"id":"cw3","network_id":"s1"}]}`)
+		if code != http.StatusBadRequest || errType(body) != "Invalid" {
+			t.Fatalf("bulk create with wait: %d %s, want 400 Invalid", code, body)
+		}
+		if _, err := e.cli.GetPort(ctx, "p1", "cw3"); !errors.Is(err, kerrors.NotFound) {
+			t.Fatalf("bulk create with wait left port cw3: %v", err)
+		}
+	})
+}
+
 func TestListFilters(t *testing.T) {
 	e := newEnv(t, "")
 	ctx := t.Context()
