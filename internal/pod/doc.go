@@ -66,7 +66,10 @@
 // pod into <pod>/stager.upper; stage-init mounts it inside the stager's
 // mount namespace, so the host holds no mount of it; copied instead when
 // overlayfs is unavailable), manifest (into the upper folder), cgroups,
-// launch (a warm spare stage-init already in fresh namespaces gets the
+// launch (stage-init runs in new mount, UTS, IPC, PID and, unless the pod
+// has host networking, network namespaces; it is PID 1 of its PID
+// namespace and the stager it execs stays so, so the default stager serves
+// as the pod's init; a warm spare stage-init already in fresh namespaces gets the
 // config and the log descriptor over its socket, see spare.go, or a fresh
 // one is forked; pid placed in the cgroups, pidfd taken), netns (bind of
 // /proc/<pid>/ns/net at <pod>/netns), network (Options.Network), start

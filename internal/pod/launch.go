@@ -184,7 +184,11 @@ func (r *Runtime) spawn(arg string, out *os.File, hostNet bool) (*launched, erro
 	}
 	cmd.ExtraFiles = []*os.File{goR, readyW, statW}
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
+	// A new PID namespace too: stage-init, then the stager it becomes, is
+	// its PID 1, so a stager may serve as the pod's init itself (the
+	// default stager does: one process start less) and the pod's
+	// processes die with it.
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWPID)
 	if !hostNet {
 		flags |= unix.CLONE_NEWNET
 	}

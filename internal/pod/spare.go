@@ -1,7 +1,7 @@
 package pod
 
 // A warm spare: one stage-init child kept started in fresh namespaces
-// (mount, UTS, IPC, network), waiting on fd 3 for a pod's config. Taking it
+// (mount, UTS, IPC, PID, network), waiting on fd 3 for a pod's config. Taking it
 // removes the process start and Go runtime start-up of stage-init from a
 // pod's start (tens of milliseconds on a busy machine). It holds no mount
 // on the host and nothing of a pod: if unused it is killed on Close, and
