@@ -468,8 +468,9 @@ func (r *Runtime) finish(ctx context.Context, e *entry, msg string) {
 		}
 	}
 	e.rec.Pod.Finished = time.Now().UTC()
+	durable := !e.removing
 	r.mu.Unlock()
-	if err := r.save(e, true); err != nil {
+	if err := r.save(e, durable); err != nil {
 		r.log.Warn("save pod record", "pod", e.rec.Pod.UUID, "err", err)
 	}
 	select {

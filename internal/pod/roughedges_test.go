@@ -169,6 +169,12 @@ func roughEdges(t *testing.T, ri *realImages, copyRoot bool) {
 			err := f.rt.Attach(actx, p.Name, tc.app, IO{Stdin: strings.NewReader("x\n"), Stdout: &out, CloseStdin: tc.closeStdin})
 			cancel()
 			st, serr := f.rt.Status(ctx, p.Name)
+			// The app's output ends as it exits; its reaping may come a
+			// moment later on a busy machine.
+			for deadline := time.Now().Add(2 * time.Second); serr == nil && tc.closeStdin && !st[tc.app].Exited && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+				st, serr = f.rt.Status(ctx, p.Name)
+			}
 			if serr != nil {
 				t.Fatal(serr)
 			}

@@ -47,6 +47,10 @@ type entry struct {
 	exited chan struct{}
 	// pidfd refers to the stager process (-1 when none).
 	pidfd int
+	// removing is set (under Runtime.mu) when a forced Remove stops the
+	// pod: its record is about to go, so the stop skips the records and
+	// the fsync that only matter for a pod that stays.
+	removing bool
 }
 
 func (e *entry) snapshot() *Pod {
