@@ -406,13 +406,18 @@ func (b *build) waitReady(ctx context.Context) error {
 		p.readyR.Close()
 		return fmt.Errorf("waiting for stager readiness: %w", ctx.Err())
 	}
-	// EOF also comes when the stager dies; tell the two apart.
+	// EOF also comes when the stager dies; tell the two apart. A dying
+	// process is marked exiting before its descriptors are closed, so a
+	// stager not marked so closed fd 4 itself (if it dies later, watch
+	// sees it).
+	if !procExiting(p.cmd.Process.Pid) {
+		return nil
+	}
 	select {
 	case <-p.waited:
-		return fmt.Errorf("stager exited before it was ready (%s); see %s", p.status, filepath.Join(b.dir, "stager.log"))
-	case <-time.After(2 * time.Millisecond):
+	case <-time.After(time.Second):
 	}
-	return nil
+	return fmt.Errorf("stager exited before it was ready (%s); see %s", p.status, filepath.Join(b.dir, "stager.log"))
 }
 
 // watch follows a stager this Runtime started, once the pod runs.

@@ -176,6 +176,42 @@ func procStartTime(pid int) (uint64, error) {
 	return st, nil
 }
 
+// procExiting reports whether pid is exiting or gone: a zombie, no such
+// process, or the kernel's PF_EXITING task flag, which do_exit sets before
+// it closes the process's descriptors.
+func procExiting(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	exiting, err := parseExiting(b)
+	return err != nil || exiting
+}
+
+// pfExiting is the kernel's PF_EXITING task flag (include/linux/sched.h).
+const pfExiting = 0x4
+
+// parseExiting reads the state and flags fields of /proc/<pid>/stat.
+func parseExiting(b []byte) (bool, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false, errors.New("malformed stat: no command name")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// After "pid (comm)": state is field 3, flags field 9.
+	if len(f) < 7 {
+		return false, errors.New("malformed stat: too few fields")
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return true, nil
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		return false, fmt.Errorf("malformed stat flags: %w", err)
+	}
+	return flags&pfExiting != 0, nil
+}
+
 // parseStat returns the start time from the content of /proc/<pid>/stat;
 // a zombie or dead process counts as gone (os.ErrNotExist).
 func parseStat(b []byte) (uint64, error) {
