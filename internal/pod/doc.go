@@ -78,9 +78,12 @@
 // of the steps done, including the failing one, in reverse, on a detached
 // context. Options.FailStep is the failpoint the tests use.
 //
-// Records: <pods>/<uuid>/pod.json, written by temp file + rename; the
-// records a restart depends on (running, ended) are fsynced, intermediate
-// ones are not (a lost one leaves a folder recovery removes as debris).
+// Records: <pods>/<uuid>/pod.json, written by temp file + rename. Only
+// ended records (exited, errored: an exit status kept across a reboot)
+// are fsynced, and not those of a pod being removed: a kurmad restart
+// reads the others from the page cache, and a machine crash, which could
+// lose them, ends their stagers too (a lost record leaves a folder that
+// recovery removes as debris).
 //
 // Tests use a real but minimal stager (testdata/teststager, built at test
 // time) for protocol and failure cases, and the real default stager

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
+	"strings"
 	"testing"
 
 	"kurma.dev/kurma/internal/kerrors"
@@ -43,6 +45,22 @@ func FuzzSpec(f *testing.F) {
 			if !appc.ValidACName(a.Name) {
 				t.Fatalf("accepted app name %q", a.Name)
 			}
+		}
+	})
+}
+
+// nameRe is the pod name rule ValidName implements, as a regexp: the
+// oracle of FuzzValidName.
+var nameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// FuzzValidName checks ValidName against nameRe.
+func FuzzValidName(f *testing.F) {
+	for _, s := range []string{"", "a", "web-1", "-a", "a-", "_x", "x_y.z", "é", strings.Repeat("a", 63), strings.Repeat("a", 64), "a b", "a/b", "..", "A.9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := ValidName(s), nameRe.MatchString(s); got != want {
+			t.Fatalf("ValidName(%q) = %v, regexp says %v", s, got, want)
 		}
 	})
 }
