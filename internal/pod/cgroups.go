@@ -25,6 +25,7 @@ type cgroupMount struct {
 
 // mountInfo is one line of /proc/self/mountinfo.
 type mountInfo struct {
+	ID     int // mount ID, unique while mounted
 	Point  string
 	FSType string
 }
@@ -53,7 +54,8 @@ func readMountInfo() ([]mountInfo, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			continue
 		}
-		out = append(out, mountInfo{Point: unescapeMount(fields[4]), FSType: fields[sep+1]})
+		id, _ := strconv.Atoi(fields[0])
+		out = append(out, mountInfo{ID: id, Point: unescapeMount(fields[4]), FSType: fields[sep+1]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)

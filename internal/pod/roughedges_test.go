@@ -268,3 +268,55 @@ func (resolvNet) Attach(ctx context.Context, p *Pod) ([]json.RawMessage, error) 
 }
 
 func (resolvNet) Detach(ctx context.Context, p *Pod) error { return nil }
+
+// TestSpareDoesNotPinHostMounts: an idle warm spare holds a copy of the
+// host's mount namespace; a host mount under a private parent that existed
+// when the spare started (here a network namespace's bind) must not stay
+// alive in that copy once the host unmounts it.
+func TestSpareDoesNotPinHostMounts(t *testing.T) {
+	testutil.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("root integration test (not in -short)")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+	nsPath, hostEnd := hostNetNSWithVeth(t)
+	private := filepath.Join(dir, "ns")
+	if err := os.WriteFile(private, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(nsPath, private, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(private, unix.MNT_DETACH) })
+	// Only the private bind keeps the namespace alive now.
+	if err := testutil.RemoveNetNS(nsPath); err != nil {
+		t.Fatal(err)
+	}
+
+	f := newFixture(t, "", nil)
+	waitFor(t, "a warm spare", 10*time.Second, func() bool {
+		f.rt.spareMu.Lock()
+		defer f.rt.spareMu.Unlock()
+		return f.rt.spare != nil
+	})
+	if err := unix.Unmount(private, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the namespace to go (veth "+hostEnd+")", 5*time.Second, func() bool {
+		_, err := netlink.LinkByName(hostEnd)
+		return err != nil
+	})
+	// And a new spare replaces the retired one.
+	waitFor(t, "a new warm spare", 10*time.Second, func() bool {
+		f.rt.spareMu.Lock()
+		defer f.rt.spareMu.Unlock()
+		return f.rt.spare != nil
+	})
+}

@@ -161,6 +161,8 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	if !opts.NoSpare {
 		r.refillSpare()
+		r.wg.Add(1)
+		go r.watchMounts()
 	}
 	return r, nil
 }
