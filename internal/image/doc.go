@@ -25,12 +25,21 @@
 //
 // # Locking
 //
+// One process at a time: Open flocks <root>/lock (LOCK_EX|LOCK_NB) before
+// it cleans anything, and a second Open, here or elsewhere, gets
+// kerrors.Conflict; Close releases it.
+//
 // FSStore.mu guards the in-memory index (entries, refs, leases, the diffID
 // map and the Resolve cache) and serialises index writes and renames into
 // entries/. Network fetches and extraction run without it. Concurrent pulls
 // of one URI, and concurrent extractions of one layer (keyed by diffID),
 // are collapsed with singleflight; commit re-checks under mu so an entry is
 // never written twice. Get, List and Resolve read only memory.
+//
+// # Size
+//
+// Options.MaxLayerBytes (default tarx.DefaultMaxBytes) bounds every tar
+// stream a pull extracts; more is kerrors.Invalid and stores nothing.
 //
 // # Trust
 //
