@@ -100,14 +100,7 @@ func (b *build) launch(ctx context.Context) error {
 	for name, src := range b.volumes {
 		c.Binds = append(c.Binds, bindSpec{Source: src, Target: filepath.Join(stagerspec.VolumesDir, name), ReadOnly: b.ro[name]})
 	}
-	v2only := false
-	for i, cg := range r.cgroups {
-		if i < len(b.e.rec.Cgroups) {
-			c.Cgroups = append(c.Cgroups, bindSpec{Source: b.e.rec.Cgroups[i], Target: cg.Path})
-			v2only = v2only || (cg.V2 && cg.Path == "/sys/fs/cgroup")
-		}
-	}
-	c.CgroupV2Only = v2only
+	c.Cgroups, c.CgroupV2Only = stagerCgroups(r.cgroups, b.e.rec.Cgroups)
 	arg, err := json.Marshal(&c)
 	if err != nil {
 		return fmt.Errorf("encode stage-init config: %w", err)
