@@ -2,7 +2,11 @@
 // (docker://, file://, http(s)://; OCI layouts, OCI archives, docker-save
 // tarballs and ACIs, plain or gzip/bzip2/zstd), verifies signatures where
 // trust is required, extracts layers safely (package tarx) and hands the
-// daemon the ordered layers of an app's filesystem.
+// daemon the ordered layers of an app's filesystem. Its types (Image,
+// Progress, PullOptions, Layer) and the Store interface are defined in the
+// leaf package imagetypes and aliased here; code that only names them
+// (the CLI, the API, the pod manager) imports imagetypes, so that it does
+// not link this package and its registry client.
 //
 // # IDs
 //

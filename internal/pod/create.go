@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
 	"kurma.dev/kurma/pkg/stagerspec"

@@ -153,6 +153,13 @@ func TestRealStager(t *testing.T) {
 			t.Errorf("stager shares the host's PID namespace %s", ns[0])
 		}
 	})
+	t.Run("loopback up", func(t *testing.T) {
+		// stage-init brings lo up in the pod's new network namespace.
+		out, code := execOut(t, f, p.Name, "one", "/bin/cat", "/sys/class/net/lo/flags")
+		if code != 0 || strings.TrimSpace(out) != "0x9" {
+			t.Errorf("lo flags (exit %d): %q, want 0x9 (up, loopback)", code, out)
+		}
+	})
 	t.Run("shared volume", func(t *testing.T) {
 		if out, code := execOut(t, f, p.Name, "one", "/bin/sh", "-c", "echo shared > /data/f"); code != 0 {
 			t.Fatalf("write: %d %s", code, out)

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 )
 
 // Networker attaches a pod's network namespace to its networks. The

@@ -27,7 +27,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -177,13 +176,24 @@ func receiveConfig() ([]byte, error) {
 }
 
 // upLoopback brings up the loopback of a new network namespace (it needs
-// no config, so a spare does it while it waits).
+// no config, so a spare does it while it waits). An ioctl, not netlink:
+// the kurma CLI links this package, and each package linked costs every
+// command its initialisation.
 func upLoopback(hostNet bool) {
-	if !hostNet {
-		if lo, err := netlink.LinkByName("lo"); err == nil {
-			_ = netlink.LinkSetUp(lo)
-		}
+	if hostNet {
+		return
 	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil || unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr) != nil {
+		return
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	_ = unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
 
 // setupRoot makes the mounts of the stager spec inside the new mount
