@@ -99,6 +99,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
+	defer store.Close()
 	// Pod networking (network.go): nil when off.
 	nets, err := newNetSetup(cfg, log.With("component", "network"))
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 	"net/url"
 	"time"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
 	"kurma.dev/kurma/pkg/stagerspec"

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 
 	"kurma.dev/kurma/internal/kerrors"
@@ -17,12 +16,10 @@ import (
 // MaxBodyBytes bounds every JSON request body.
 const MaxBodyBytes = 1 << 20
 
-var podNameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
-
 // ValidPodName reports whether s may name a pod: letters, digits, '_', '.',
 // '-', starting with a letter or digit, at most 63 bytes (names become
-// directory and host names).
-func ValidPodName(s string) bool { return podNameRe.MatchString(s) }
+// directory and host names); see pod.ValidName.
+func ValidPodName(s string) bool { return pod.ValidName(s) }
 
 // decodeJSON reads exactly one JSON value of at most MaxBodyBytes into v,
 // refusing unknown fields and trailing data. Errors are kerrors.Invalid.

@@ -15,7 +15,7 @@ import (
 	"runtime"
 	"time"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 )
 

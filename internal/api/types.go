@@ -3,7 +3,7 @@ package api
 import (
 	"encoding/json"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/pod"
 	"kurma.dev/kurma/pkg/appc"
 )

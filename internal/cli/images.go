@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 )
 
 func newImageCmd(e *env) *cobra.Command {

@@ -98,6 +98,7 @@ func (s *FSStore) pullACI(ctx context.Context, u URI, file string, sig []byte, o
 	}
 	var man *appc.ImageManifest
 	res, err := tarx.Extract(ctx, r, rootfs, tarx.Options{
+		MaxBytes:     s.opts.MaxLayerBytes,
 		Prefix:       "rootfs",
 		AllowDevices: opts.RequireSignature || s.opts.AllowDevices,
 		Other: func(hdr *tar.Header, r io.Reader) error {

@@ -2,7 +2,11 @@
 // (docker://, file://, http(s)://; OCI layouts, OCI archives, docker-save
 // tarballs and ACIs, plain or gzip/bzip2/zstd), verifies signatures where
 // trust is required, extracts layers safely (package tarx) and hands the
-// daemon the ordered layers of an app's filesystem.
+// daemon the ordered layers of an app's filesystem. Its types (Image,
+// Progress, PullOptions, Layer) and the Store interface are defined in the
+// leaf package imagetypes and aliased here; code that only names them
+// (the CLI, the API, the pod manager) imports imagetypes, so that it does
+// not link this package and its registry client.
 //
 // # IDs
 //
@@ -25,12 +29,21 @@
 //
 // # Locking
 //
+// One process at a time: Open flocks <root>/lock (LOCK_EX|LOCK_NB) before
+// it cleans anything, and a second Open, here or elsewhere, gets
+// kerrors.Conflict; Close releases it.
+//
 // FSStore.mu guards the in-memory index (entries, refs, leases, the diffID
 // map and the Resolve cache) and serialises index writes and renames into
 // entries/. Network fetches and extraction run without it. Concurrent pulls
 // of one URI, and concurrent extractions of one layer (keyed by diffID),
 // are collapsed with singleflight; commit re-checks under mu so an entry is
 // never written twice. Get, List and Resolve read only memory.
+//
+// # Size
+//
+// Options.MaxLayerBytes (default tarx.DefaultMaxBytes) bounds every tar
+// stream a pull extracts; more is kerrors.Invalid and stores nothing.
 //
 // # Trust
 //

@@ -32,6 +32,7 @@ func newStore(t testing.TB, opts image.Options) (*image.FSStore, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s, dir
 }
 

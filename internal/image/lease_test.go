@@ -46,6 +46,7 @@ func TestRemoveAndLeases(t *testing.T) {
 		t.Errorf("remove of a bare layer: %v, want Conflict", err)
 	}
 	// Leases survive a restart.
+	s.Close()
 	s2, err := image.Open(ctx, root, image.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +99,7 @@ func TestOpenCleansLeftovers(t *testing.T) {
 	os.MkdirAll(filepath.Join(root, "tmp", "aci-123", "rootfs", "x"), 0o755)
 	orphan := filepath.Join(root, "entries", "sha512-"+fmtHex(64))
 	os.MkdirAll(filepath.Join(orphan, "rootfs"), 0o755)
+	s.Close()
 	s2, err := image.Open(t.Context(), root, image.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -119,4 +121,28 @@ func fmtHex(n int) string {
 		b[i] = "0123456789abcdef"[i%16]
 	}
 	return string(b)
+}
+
+// TestStoreLock: a store open elsewhere is refused with Conflict, and its
+// work in progress is left alone; once closed it opens again.
+func TestStoreLock(t *testing.T) {
+	s, root := newStore(t, image.Options{})
+	wip := filepath.Join(root, "tmp", "pull-in-progress")
+	if err := os.MkdirAll(wip, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.Open(t.Context(), root, image.Options{}); !errors.Is(err, kerrors.Conflict) {
+		t.Fatalf("second open: %v, want Conflict", err)
+	}
+	if _, err := os.Stat(wip); err != nil {
+		t.Errorf("second open touched the store: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := image.Open(t.Context(), root, image.Options{})
+	if err != nil {
+		t.Fatalf("open after close: %v", err)
+	}
+	s2.Close()
 }

@@ -153,7 +153,7 @@ func (s *FSStore) pullOCIArchive(ctx context.Context, u URI, file string, sig []
 		return nil, err
 	}
 	defer r.Close()
-	if _, err := tarx.Extract(ctx, r, tmp, tarx.Options{}); err != nil {
+	if _, err := tarx.Extract(ctx, r, tmp, tarx.Options{MaxBytes: s.opts.MaxLayerBytes}); err != nil {
 		return nil, fmt.Errorf("unpack OCI archive: %w", err)
 	}
 	return s.pullLayout(ctx, u, tmp, sig, opts, p)
@@ -312,7 +312,7 @@ func (s *FSStore) extractLayer(ctx context.Context, l v1.Layer, diff v1.Hash, u 
 		return nil, fmt.Errorf("create rootfs: %w", err)
 	}
 	h := sha256.New()
-	res, err := tarx.Extract(ctx, io.TeeReader(r, h), rootfs, tarx.Options{Whiteouts: true, AllowDevices: s.opts.AllowDevices})
+	res, err := tarx.Extract(ctx, io.TeeReader(r, h), rootfs, tarx.Options{Whiteouts: true, AllowDevices: s.opts.AllowDevices, MaxBytes: s.opts.MaxLayerBytes})
 	if err != nil {
 		return nil, fmt.Errorf("extract layer %s: %w", diff, err)
 	}

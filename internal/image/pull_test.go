@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -68,6 +69,39 @@ func TestPullACI(t *testing.T) {
 			list, _ := s.List(t.Context())
 			if len(list) != 1 {
 				t.Errorf("List = %d images", len(list))
+			}
+			if left := dirEntries(t, filepath.Join(root, "tmp")); len(left) != 0 {
+				t.Errorf("tmp leftovers %v", left)
+			}
+		})
+	}
+}
+
+// TestPullSizeLimit: an image whose tar stream passes MaxLayerBytes is
+// refused with Invalid and leaves nothing in the store; within the limit
+// it is pulled.
+func TestPullSizeLimit(t *testing.T) {
+	src := t.TempDir()
+	p, _ := buildACI(t, src, aciSpec{name: "kurma.dev/big", files: map[string]string{"big": strings.Repeat("x", 64<<10)}, exec: []string{"/big"}})
+	for _, tc := range []struct {
+		name    string
+		max     int64
+		wantErr bool
+	}{{"over", 16 << 10, true}, {"within", 1 << 20, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, root := newStore(t, image.Options{MaxLayerBytes: tc.max})
+			_, err := s.Pull(t.Context(), "file://"+p, image.PullOptions{})
+			if !tc.wantErr {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, kerrors.Invalid) || !strings.Contains(err.Error(), "limit") {
+				t.Fatalf("pull: %v, want Invalid naming the limit", err)
+			}
+			if left := dirEntries(t, filepath.Join(root, "entries")); len(left) != 0 {
+				t.Errorf("entries left: %v", left)
 			}
 			if left := dirEntries(t, filepath.Join(root, "tmp")); len(left) != 0 {
 				t.Errorf("tmp leftovers %v", left)

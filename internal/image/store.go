@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/image/trust"
 	"kurma.dev/kurma/internal/kerrors"
@@ -33,6 +34,11 @@ type Options struct {
 	// AllowDevices lets layers of any image carry device nodes. Without it,
 	// only signature-verified (stager) images may.
 	AllowDevices bool
+	// MaxLayerBytes bounds every uncompressed tar stream a pull extracts
+	// (an OCI layer, an ACI, an OCI archive); a larger one fails the pull
+	// with Invalid and leaves nothing in the store. Zero means
+	// tarx.DefaultMaxBytes (64 GiB), negative no bound.
+	MaxLayerBytes int64
 	// Logger, nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -65,6 +71,7 @@ type indexFile struct {
 //	<root>/entries/<id>/manifest   appc image manifest (JSON)
 //	<root>/index.json              refs, entries, leases (written atomically)
 //	<root>/tmp/                    work in progress, emptied by Open
+//	<root>/lock                    flock(2)ed by the one process using the store
 //
 // Layer reference counts are not stored: they are derived from the
 // dependency graph of the app images, so they cannot drift.
@@ -84,15 +91,41 @@ type FSStore struct {
 	// flights deduplicates concurrent pulls of one URI and concurrent
 	// extractions of one layer.
 	flights singleflight.Group
+
+	// lock holds the store's exclusive flock until Close.
+	lock *os.File
 }
 
 // Open opens (creating if needed) the store rooted at dir. Leftovers of an
 // interrupted pull (tmp/, entries missing from the index) are removed.
-func Open(ctx context.Context, dir string, opts Options) (*FSStore, error) {
+// One process at a time may have a store open (an exclusive flock on
+// <dir>/lock, released by Close or the process's end): another gets
+// kerrors.Conflict, before anything is touched.
+func Open(ctx context.Context, dir string, opts Options) (_ *FSStore, retErr error) {
 	s := &FSStore{root: dir, opts: opts, log: opts.Logger, resolved: map[string][]Layer{}, byDiff: map[string]string{}, pins: map[string]int{}}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create image store: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open image store lock: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, kerrors.New(kerrors.Conflict, "image store %s is in use by another process (or another Open in this one)", dir)
+		}
+		return nil, fmt.Errorf("lock image store: %w", err)
+	}
+	s.lock = lock
+	defer func() {
+		if retErr != nil {
+			s.Close()
+		}
+	}()
 	if err := os.RemoveAll(s.tmpDir()); err != nil {
 		return nil, fmt.Errorf("clean image store tmp: %w", err)
 	}
@@ -143,6 +176,18 @@ func Open(ctx context.Context, dir string, opts Options) (*FSStore, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// Close releases the store's lock. The store must not be used after.
+func (s *FSStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lock == nil {
+		return nil
+	}
+	err := s.lock.Close() // closing the only descriptor drops the flock
+	s.lock = nil
+	return err
 }
 
 func (s *FSStore) entriesDir() string        { return filepath.Join(s.root, "entries") }

@@ -74,6 +74,7 @@ func TestStagerTrust(t *testing.T) {
 				}
 				// ...but checked again once the key is no longer trusted.
 				_, otherRing := keypair(t)
+				s.Close()
 				s2, err := image.Open(t.Context(), root, image.Options{Keyring: otherRing})
 				if err != nil {
 					t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,6 +26,7 @@ type cgroupMount struct {
 
 // mountInfo is one line of /proc/self/mountinfo.
 type mountInfo struct {
+	ID     int // mount ID, unique while mounted
 	Point  string
 	FSType string
 }
@@ -35,8 +37,14 @@ func readMountInfo() ([]mountInfo, error) {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	defer f.Close()
+	return parseMountInfo(f)
+}
+
+// parseMountInfo reads mountinfo lines (proc(5)); malformed ones are
+// skipped.
+func parseMountInfo(r io.Reader) ([]mountInfo, error) {
 	var out []mountInfo
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -53,7 +61,8 @@ func readMountInfo() ([]mountInfo, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			continue
 		}
-		out = append(out, mountInfo{Point: unescapeMount(fields[4]), FSType: fields[sep+1]})
+		id, _ := strconv.Atoi(fields[0])
+		out = append(out, mountInfo{ID: id, Point: unescapeMount(fields[4]), FSType: fields[sep+1]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
@@ -85,6 +94,14 @@ func findCgroupMounts() ([]cgroupMount, error) {
 	if err != nil {
 		return nil, err
 	}
+	return cgroupMounts(mis), nil
+}
+
+// cgroupMounts picks the cgroup hierarchies out of a mount table: every
+// cgroup (v1) and cgroup2 mount under /sys/fs/cgroup, once each. A pure
+// v2 host has one, /sys/fs/cgroup itself; a hybrid one v1 controllers plus
+// cgroup2 at /sys/fs/cgroup/unified.
+func cgroupMounts(mis []mountInfo) []cgroupMount {
 	seen := map[string]bool{}
 	var out []cgroupMount
 	for _, m := range mis {
@@ -97,7 +114,22 @@ func findCgroupMounts() ([]cgroupMount, error) {
 		seen[m.Point] = true
 		out = append(out, cgroupMount{Path: m.Point, V2: m.FSType == "cgroup2"})
 	}
-	return out, nil
+	return out
+}
+
+// stagerCgroups pairs the pod's cgroup folders (dirs, one per hierarchy,
+// in the order of cgs) with the hierarchies' mount points, where stage-init
+// binds them inside the stager's root, and tells whether /sys/fs/cgroup
+// itself is cgroup2 (then stage-init binds the pod's folder there instead
+// of making a tmpfs to hold one folder per v1 hierarchy).
+func stagerCgroups(cgs []cgroupMount, dirs []string) (binds []bindSpec, v2only bool) {
+	for i, cg := range cgs {
+		if i < len(dirs) {
+			binds = append(binds, bindSpec{Source: dirs[i], Target: cg.Path})
+			v2only = v2only || (cg.V2 && cg.Path == "/sys/fs/cgroup")
+		}
+	}
+	return binds, v2only
 }
 
 // makeCgroups creates <hierarchy>/<root>/<uuid> in every hierarchy and

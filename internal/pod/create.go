@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
 	"kurma.dev/kurma/pkg/stagerspec"
@@ -69,11 +68,29 @@ func StepNames() []string {
 	return out
 }
 
-var nameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+// ValidName reports whether s may name a pod: 1 to 63 letters, digits,
+// '_', '.' or '-', starting with a letter or digit (names become directory
+// and host names). Written out rather than a regexp, whose compilation
+// at start-up every kurma command would pay.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case i > 0 && (c == '_' || c == '.' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // validateSpec checks a spec before anything is made.
 func validateSpec(s *Spec) error {
-	if s.Name != "" && !nameRe.MatchString(s.Name) {
+	if s.Name != "" && !ValidName(s.Name) {
 		return kerrors.New(kerrors.Invalid, "pod name %q: use up to 63 letters, digits, '_', '.', '-'", s.Name)
 	}
 	if len(s.Apps) == 0 {
@@ -241,7 +258,10 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Pod, retErr error) 
 	e.rec.Pod.State = Running
 	e.rec.Pod.Started = time.Now().UTC()
 	r.mu.Unlock()
-	if err := r.save(e, true); err != nil {
+	// Not fsynced: the record must survive kurmad (the page cache does),
+	// not the machine, whose crash ends the stager too. A running record
+	// lost in one leaves a folder that recovery removes as debris.
+	if err := r.save(e, false); err != nil {
 		// The stager runs but its record could not be stored: a restart
 		// would not find it, so undo everything.
 		done = len(steps)

@@ -66,7 +66,10 @@
 // pod into <pod>/stager.upper; stage-init mounts it inside the stager's
 // mount namespace, so the host holds no mount of it; copied instead when
 // overlayfs is unavailable), manifest (into the upper folder), cgroups,
-// launch (a warm spare stage-init already in fresh namespaces gets the
+// launch (stage-init runs in new mount, UTS, IPC, PID and, unless the pod
+// has host networking, network namespaces; it is PID 1 of its PID
+// namespace and the stager it execs stays so, so the default stager serves
+// as the pod's init; a warm spare stage-init already in fresh namespaces gets the
 // config and the log descriptor over its socket, see spare.go, or a fresh
 // one is forked; pid placed in the cgroups, pidfd taken), netns (bind of
 // /proc/<pid>/ns/net at <pod>/netns), network (Options.Network), start
@@ -75,9 +78,12 @@
 // of the steps done, including the failing one, in reverse, on a detached
 // context. Options.FailStep is the failpoint the tests use.
 //
-// Records: <pods>/<uuid>/pod.json, written by temp file + rename; the
-// records a restart depends on (running, ended) are fsynced, intermediate
-// ones are not (a lost one leaves a folder recovery removes as debris).
+// Records: <pods>/<uuid>/pod.json, written by temp file + rename. Only
+// ended records (exited, errored: an exit status kept across a reboot)
+// are fsynced, and not those of a pod being removed: a kurmad restart
+// reads the others from the page cache, and a machine crash, which could
+// lose them, ends their stagers too (a lost record leaves a folder that
+// recovery removes as debris).
 //
 // Tests use a real but minimal stager (testdata/teststager, built at test
 // time) for protocol and failure cases, and the real default stager

@@ -3,6 +3,10 @@ package pod
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
 	"testing"
 
 	"kurma.dev/kurma/internal/kerrors"
@@ -45,6 +49,22 @@ func FuzzSpec(f *testing.F) {
 	})
 }
 
+// nameRe is the pod name rule ValidName implements, as a regexp: the
+// oracle of FuzzValidName.
+var nameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// FuzzValidName checks ValidName against nameRe.
+func FuzzValidName(f *testing.F) {
+	for _, s := range []string{"", "a", "web-1", "-a", "a-", "_x", "x_y.z", "é", strings.Repeat("a", 63), strings.Repeat("a", 64), "a b", "a/b", "..", "A.9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := ValidName(s), nameRe.MatchString(s); got != want {
+			t.Fatalf("ValidName(%q) = %v, regexp says %v", s, got, want)
+		}
+	})
+}
+
 // FuzzRecord feeds on-disk pod records to the parser recovery trusts.
 func FuzzRecord(f *testing.F) {
 	const id = "0d6c6f1e-1d52-4b8e-9d0b-0a3b2c1d4e5f"
@@ -71,7 +91,42 @@ func FuzzStat(f *testing.F) {
 	f.Add([]byte(""))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = parseStat(data)
+		_, _ = parseExiting(data)
 	})
+}
+
+func TestParseExiting(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    bool
+		wantErr bool
+	}{
+		{"1234 (sle) ep) S 1 1234 1234 0 -1 4194560 98 0 0", false, false},
+		{"1234 (x) R 1 1234 1234 0 -1 4194564 98 0 0", true, false}, // PF_EXITING
+		{"1234 (x) Z 1 1234 1234 0 -1 4194560 98 0 0", true, false},
+		{"1234 (x) S 1 1234 1234 0 -1 -4 98", false, true},
+		{"1234 (x) S 1", false, true},
+		{"garbage", false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in[:min(len(tc.in), 14)], func(t *testing.T) {
+			got, err := parseExiting([]byte(tc.in))
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("parseExiting = %v, %v", got, err)
+			}
+		})
+	}
+	// A live process is not exiting; a reaped one is gone.
+	if procExiting(os.Getpid()) {
+		t.Error("this process reported exiting")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if !procExiting(cmd.Process.Pid) {
+		t.Error("a reaped process reported alive")
+	}
 }
 
 func TestParseStat(t *testing.T) {

@@ -28,6 +28,9 @@ type launched struct {
 	log    *os.File
 	waited chan struct{} // closed when cmd.Wait returned
 	status string        // exit status, set before waited closes
+	// mounts are the host's mount IDs just after a spare started: its
+	// copy of the host's mount namespace holds at most these.
+	mounts map[int]bool
 }
 
 // prepareStagerRoot makes the pod's view of the stager's root: folders
@@ -97,14 +100,7 @@ func (b *build) launch(ctx context.Context) error {
 	for name, src := range b.volumes {
 		c.Binds = append(c.Binds, bindSpec{Source: src, Target: filepath.Join(stagerspec.VolumesDir, name), ReadOnly: b.ro[name]})
 	}
-	v2only := false
-	for i, cg := range r.cgroups {
-		if i < len(b.e.rec.Cgroups) {
-			c.Cgroups = append(c.Cgroups, bindSpec{Source: b.e.rec.Cgroups[i], Target: cg.Path})
-			v2only = v2only || (cg.V2 && cg.Path == "/sys/fs/cgroup")
-		}
-	}
-	c.CgroupV2Only = v2only
+	c.Cgroups, c.CgroupV2Only = stagerCgroups(r.cgroups, b.e.rec.Cgroups)
 	arg, err := json.Marshal(&c)
 	if err != nil {
 		return fmt.Errorf("encode stage-init config: %w", err)
@@ -184,7 +180,11 @@ func (r *Runtime) spawn(arg string, out *os.File, hostNet bool) (*launched, erro
 	}
 	cmd.ExtraFiles = []*os.File{goR, readyW, statW}
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
+	// A new PID namespace too: stage-init, then the stager it becomes, is
+	// its PID 1, so a stager may serve as the pod's init itself (the
+	// default stager does: one process start less) and the pod's
+	// processes die with it.
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWPID)
 	if !hostNet {
 		flags |= unix.CLONE_NEWNET
 	}
@@ -402,13 +402,18 @@ func (b *build) waitReady(ctx context.Context) error {
 		p.readyR.Close()
 		return fmt.Errorf("waiting for stager readiness: %w", ctx.Err())
 	}
-	// EOF also comes when the stager dies; tell the two apart.
+	// EOF also comes when the stager dies; tell the two apart. A dying
+	// process is marked exiting before its descriptors are closed, so a
+	// stager not marked so closed fd 4 itself (if it dies later, watch
+	// sees it).
+	if !procExiting(p.cmd.Process.Pid) {
+		return nil
+	}
 	select {
 	case <-p.waited:
-		return fmt.Errorf("stager exited before it was ready (%s); see %s", p.status, filepath.Join(b.dir, "stager.log"))
-	case <-time.After(2 * time.Millisecond):
+	case <-time.After(time.Second):
 	}
-	return nil
+	return fmt.Errorf("stager exited before it was ready (%s); see %s", p.status, filepath.Join(b.dir, "stager.log"))
 }
 
 // watch follows a stager this Runtime started, once the pod runs.
@@ -464,8 +469,9 @@ func (r *Runtime) finish(ctx context.Context, e *entry, msg string) {
 		}
 	}
 	e.rec.Pod.Finished = time.Now().UTC()
+	durable := !e.removing
 	r.mu.Unlock()
-	if err := r.save(e, true); err != nil {
+	if err := r.save(e, durable); err != nil {
 		r.log.Warn("save pod record", "pod", e.rec.Pod.UUID, "err", err)
 	}
 	select {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +130,34 @@ func TestRealStager(t *testing.T) {
 		out, code := execOut(t, f, p.Name, "two", "/bin/ps")
 		if code != 0 || !strings.Contains(out, "sleep 1000") || !strings.Contains(out, "sleep 2000") {
 			t.Errorf("ps in app two (exit %d):\n%s", code, out)
+		}
+	})
+	t.Run("stager is the pod's init", func(t *testing.T) {
+		// PID 1 of the pod's PID namespace is the stager itself (no
+		// separate init process), and signals an app may send it that Go
+		// would die of are dropped.
+		out, code := execOut(t, f, p.Name, "one", "/bin/sh", "-c", "kill -HUP 1; kill -USR1 1; kill -QUIT 1; sleep 1; cat /proc/1/comm; ps; echo end")
+		if code != 0 || !strings.HasPrefix(out, "stager\n") {
+			t.Fatalf("exec (exit %d):\n%s", code, out)
+		}
+		if g, _ := f.rt.Get(ctx, p.Name); g.State != Running {
+			t.Fatalf("pod after signals to its PID 1: %s %s", g.State, g.Error)
+		}
+		var ns [2]string
+		for i, pid := range []string{strconv.Itoa(p.StagerPID), "self"} {
+			if ns[i], err = os.Readlink("/proc/" + pid + "/ns/pid"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ns[0] == ns[1] {
+			t.Errorf("stager shares the host's PID namespace %s", ns[0])
+		}
+	})
+	t.Run("loopback up", func(t *testing.T) {
+		// stage-init brings lo up in the pod's new network namespace.
+		out, code := execOut(t, f, p.Name, "one", "/bin/cat", "/sys/class/net/lo/flags")
+		if code != 0 || strings.TrimSpace(out) != "0x9" {
+			t.Errorf("lo flags (exit %d): %q, want 0x9 (up, loopback)", code, out)
 		}
 	})
 	t.Run("shared volume", func(t *testing.T) {

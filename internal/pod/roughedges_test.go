@@ -169,6 +169,12 @@ func roughEdges(t *testing.T, ri *realImages, copyRoot bool) {
 			err := f.rt.Attach(actx, p.Name, tc.app, IO{Stdin: strings.NewReader("x\n"), Stdout: &out, CloseStdin: tc.closeStdin})
 			cancel()
 			st, serr := f.rt.Status(ctx, p.Name)
+			// The app's output ends as it exits; its reaping may come a
+			// moment later on a busy machine.
+			for deadline := time.Now().Add(2 * time.Second); serr == nil && tc.closeStdin && !st[tc.app].Exited && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+				st, serr = f.rt.Status(ctx, p.Name)
+			}
 			if serr != nil {
 				t.Fatal(serr)
 			}
@@ -262,3 +268,55 @@ func (resolvNet) Attach(ctx context.Context, p *Pod) ([]json.RawMessage, error) 
 }
 
 func (resolvNet) Detach(ctx context.Context, p *Pod) error { return nil }
+
+// TestSpareDoesNotPinHostMounts: an idle warm spare holds a copy of the
+// host's mount namespace; a host mount under a private parent that existed
+// when the spare started (here a network namespace's bind) must not stay
+// alive in that copy once the host unmounts it.
+func TestSpareDoesNotPinHostMounts(t *testing.T) {
+	testutil.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("root integration test (not in -short)")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		t.Fatal(err)
+	}
+	nsPath, hostEnd := hostNetNSWithVeth(t)
+	private := filepath.Join(dir, "ns")
+	if err := os.WriteFile(private, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(nsPath, private, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(private, unix.MNT_DETACH) })
+	// Only the private bind keeps the namespace alive now.
+	if err := testutil.RemoveNetNS(nsPath); err != nil {
+		t.Fatal(err)
+	}
+
+	f := newFixture(t, "", nil)
+	waitFor(t, "a warm spare", 10*time.Second, func() bool {
+		f.rt.spareMu.Lock()
+		defer f.rt.spareMu.Unlock()
+		return f.rt.spare != nil
+	})
+	if err := unix.Unmount(private, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the namespace to go (veth "+hostEnd+")", 5*time.Second, func() bool {
+		_, err := netlink.LinkByName(hostEnd)
+		return err != nil
+	})
+	// And a new spare replaces the retired one.
+	waitFor(t, "a new warm spare", 10*time.Second, func() bool {
+		f.rt.spareMu.Lock()
+		defer f.rt.spareMu.Unlock()
+		return f.rt.spare != nil
+	})
+}

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kurma.dev/kurma/internal/image"
+	image "kurma.dev/kurma/internal/image/imagetypes"
 )
 
 // Networker attaches a pod's network namespace to its networks. The
@@ -161,6 +161,8 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	if !opts.NoSpare {
 		r.refillSpare()
+		r.wg.Add(1)
+		go r.watchMounts()
 	}
 	return r, nil
 }

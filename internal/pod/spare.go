@@ -1,12 +1,27 @@
 package pod
 
+import (
+	"context"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
 // A warm spare: one stage-init child kept started in fresh namespaces
-// (mount, UTS, IPC, network), waiting on fd 3 for a pod's config. Taking it
+// (mount, UTS, IPC, PID, network), waiting on fd 3 for a pod's config. Taking it
 // removes the process start and Go runtime start-up of stage-init from a
 // pod's start (tens of milliseconds on a busy machine). It holds no mount
 // on the host and nothing of a pod: if unused it is killed on Close, and
 // it exits by itself when kurmad dies (its socket reads EOF). Pods with
 // host networking always get a fresh stage-init.
+//
+// Its mount namespace is a copy of the host's. Where the host's mounts are
+// shared, unmounts reach the copy; where they are private (a root that is
+// not shared, as on hosts without systemd), the copy keeps every mount
+// that existed when the spare started, and with it, say, a network
+// namespace whose bind mount the host removed. So watchMounts retires an
+// idle spare as soon as a host mount it may hold is unmounted, and starts
+// another.
 
 // takeSpare returns the warm spare, if any, and starts making the next.
 func (r *Runtime) takeSpare() *launched {
@@ -44,6 +59,11 @@ func (r *Runtime) refillSpare() {
 	go func() {
 		defer r.wg.Done()
 		p, err := r.spawn(spareArg, nil, false)
+		if err == nil {
+			if p.mounts, err = mountIDs(); err != nil {
+				p.abandon()
+			}
+		}
 		r.spareMu.Lock()
 		r.spareBusy = false
 		if err != nil {
@@ -69,5 +89,85 @@ func (r *Runtime) dropSpare() {
 	r.spareMu.Unlock()
 	if p != nil {
 		p.abandon()
+	}
+}
+
+// mountIDs returns the IDs of the host's current mounts.
+func mountIDs() (map[int]bool, error) {
+	mis, err := readMountInfo()
+	if err != nil {
+		return nil, err
+	}
+	ids := make(map[int]bool, len(mis))
+	for _, m := range mis {
+		ids[m.ID] = true
+	}
+	return ids, nil
+}
+
+// staleSpare reports whether a spare started when the host had the mounts
+// held may hold one the host has unmounted since.
+func staleSpare(held, now map[int]bool) bool {
+	for id := range held {
+		if !now[id] {
+			return true
+		}
+	}
+	return false
+}
+
+// watchMounts retires the idle spare when a host mount it may hold goes
+// away (see the top of this file), until the Runtime closes. The kernel
+// flags /proc/self/mountinfo with POLLPRI on every change of the mount
+// table.
+func (r *Runtime) watchMounts() {
+	defer r.wg.Done()
+	fd, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		r.log.Warn("watch mounts for the spare", "err", err)
+		return
+	}
+	defer unix.Close(fd)
+	// Closing the Runtime wakes the poll through this pipe.
+	var wake [2]int
+	if err := unix.Pipe2(wake[:], unix.O_CLOEXEC); err != nil {
+		r.log.Warn("watch mounts for the spare", "err", err)
+		return
+	}
+	defer unix.Close(wake[0])
+	var once sync.Once
+	closeWake := func() { once.Do(func() { unix.Close(wake[1]) }) }
+	defer closeWake()
+	stop := context.AfterFunc(r.closeCtx, closeWake)
+	defer stop()
+	for r.closeCtx.Err() == nil {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLPRI}, {Fd: int32(wake[0]), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, -1)
+		if err != nil && err != unix.EINTR {
+			r.log.Warn("watch mounts for the spare", "err", err)
+			return
+		}
+		if n <= 0 || fds[0].Revents&(unix.POLLPRI|unix.POLLERR) == 0 {
+			continue
+		}
+		r.spareMu.Lock()
+		p := r.spare
+		r.spareMu.Unlock()
+		if p == nil {
+			continue
+		}
+		now, err := mountIDs()
+		if err != nil || !staleSpare(p.mounts, now) {
+			continue
+		}
+		r.spareMu.Lock()
+		if r.spare != p {
+			r.spareMu.Unlock()
+			continue // taken meanwhile
+		}
+		r.spare = nil
+		r.spareMu.Unlock()
+		p.abandon()
+		r.refillSpare()
 	}
 }

@@ -27,7 +27,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,8 +91,13 @@ func StageInit(args []string) int {
 	unix.CloseOnExec(goFD)
 	unix.CloseOnExec(statusFD)
 	cfg := []byte(args[0])
+	prepared := false
 	if args[0] == spareArg {
 		// A warm spare: the config and the log descriptor come later.
+		// What needs no config is done while it waits (a spare never has
+		// host networking).
+		upLoopback(false)
+		prepared = true
 		var err error
 		if cfg, err = receiveConfig(); err != nil {
 			return fail(err)
@@ -105,6 +109,9 @@ func StageInit(args []string) int {
 	var c stageConfig
 	if err := json.Unmarshal(cfg, &c); err != nil {
 		return fail(fmt.Errorf("decode config: %w", err))
+	}
+	if !prepared {
+		upLoopback(c.HostNet)
 	}
 	if err := setupRoot(&c); err != nil {
 		return fail(err)
@@ -168,8 +175,31 @@ func receiveConfig() ([]byte, error) {
 	return buf[:n], nil
 }
 
+// upLoopback brings up the loopback of a new network namespace (it needs
+// no config, so a spare does it while it waits). An ioctl, not netlink:
+// the kurma CLI links this package, and each package linked costs every
+// command its initialisation.
+func upLoopback(hostNet bool) {
+	if hostNet {
+		return
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil || unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr) != nil {
+		return
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	_ = unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
+
 // setupRoot makes the mounts of the stager spec inside the new mount
-// namespace, after cutting propagation to the host.
+// namespace, after cutting propagation to the host. (A spare keeps the
+// host's propagation until then, so that what the host unmounts meanwhile
+// is unmounted in its copy too instead of being pinned by it.)
 func setupRoot(c *stageConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / rprivate: %w", err)
@@ -185,11 +215,6 @@ func setupRoot(c *stageConfig) error {
 	}
 	if c.Hostname != "" {
 		_ = unix.Sethostname([]byte(c.Hostname))
-	}
-	if !c.HostNet {
-		if lo, err := netlink.LinkByName("lo"); err == nil {
-			_ = netlink.LinkSetUp(lo)
-		}
 	}
 	in := func(p string) string { return filepath.Join(c.Root, filepath.Clean("/"+p)) }
 	for _, b := range c.Binds {

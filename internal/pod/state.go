@@ -47,6 +47,10 @@ type entry struct {
 	exited chan struct{}
 	// pidfd refers to the stager process (-1 when none).
 	pidfd int
+	// removing is set (under Runtime.mu) when a forced Remove stops the
+	// pod: its record is about to go, so the stop skips the records and
+	// the fsync that only matter for a pod that stays.
+	removing bool
 }
 
 func (e *entry) snapshot() *Pod {
@@ -170,6 +174,42 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	return st, nil
+}
+
+// procExiting reports whether pid is exiting or gone: a zombie, no such
+// process, or the kernel's PF_EXITING task flag, which do_exit sets before
+// it closes the process's descriptors.
+func procExiting(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	exiting, err := parseExiting(b)
+	return err != nil || exiting
+}
+
+// pfExiting is the kernel's PF_EXITING task flag (include/linux/sched.h).
+const pfExiting = 0x4
+
+// parseExiting reads the state and flags fields of /proc/<pid>/stat.
+func parseExiting(b []byte) (bool, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false, errors.New("malformed stat: no command name")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// After "pid (comm)": state is field 3, flags field 9.
+	if len(f) < 7 {
+		return false, errors.New("malformed stat: too few fields")
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return true, nil
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		return false, fmt.Errorf("malformed stat flags: %w", err)
+	}
+	return flags&pfExiting != 0, nil
 }
 
 // parseStat returns the start time from the content of /proc/<pid>/stat;

@@ -76,17 +76,23 @@ func (r *Runtime) stop(ctx context.Context, e *entry, grace time.Duration, keepS
 	r.mu.Lock()
 	e.rec.Stopping = true
 	e.rec.Pod.State = Stopping
+	removing := e.removing
 	r.mu.Unlock()
-	if err := r.save(e, false); err != nil {
-		return err
-	}
-	r.signal(e, unix.SIGTERM)
-	select {
-	case <-e.exited:
-		return nil
-	case <-time.After(grace):
-	case <-ctx.Done():
-		return fmt.Errorf("stop pod %s: %w", e.rec.Pod.Name, ctx.Err())
+	// A pod being removed goes at once: no record of its stopping (a
+	// restart meanwhile finds its stager gone and tears it down), no
+	// SIGTERM (there is no grace).
+	if !removing {
+		if err := r.save(e, false); err != nil {
+			return err
+		}
+		r.signal(e, unix.SIGTERM)
+		select {
+		case <-e.exited:
+			return nil
+		case <-time.After(grace):
+		case <-ctx.Done():
+			return fmt.Errorf("stop pod %s: %w", e.rec.Pod.Name, ctx.Err())
+		}
 	}
 	r.signal(e, unix.SIGKILL)
 	select {
@@ -117,6 +123,9 @@ func (r *Runtime) Remove(ctx context.Context, ref string, force bool) error {
 		if !force {
 			return kerrors.New(kerrors.Conflict, "pod %s is %s; stop it first or force the removal", e.rec.Pod.Name, state)
 		}
+		r.mu.Lock()
+		e.removing = true
+		r.mu.Unlock()
 		if err := r.stop(ctx, e, 0, false); err != nil {
 			return err
 		}

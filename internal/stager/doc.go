@@ -10,8 +10,12 @@
 //     overlay, as the daemon's is), or a copy honouring overlay-form
 //     whiteouts; a minimal /dev with its own devpts (dev.go), /sys read-only
 //     and the pod volumes bound into it;
-//   - init.go: the pod init, PID 1 of a new PID/IPC/UTS/mount namespace
-//     (hostname = pod name). It mounts the pod's /proc into every app,
+//   - init.go: the pod init, PID 1 of the pod's PID namespace (hostname =
+//     pod name). When the stager itself is PID 1 of a new PID namespace (as
+//     kurmad starts it: stage-init is cloned with CLONE_NEWPID), init runs
+//     inside the stager process, on one end of an in-process socket pair;
+//     otherwise the stager re-executes itself as init in new
+//     PID/IPC/UTS/mount namespaces. Init mounts the pod's /proc into every app,
 //     starts each app in its own mount namespace chrooted into its rootfs,
 //     reaps every process, logs app output to /logs/<app>, records
 //     /state.json, and serves the call-ins on a SEQPACKET socket at
@@ -66,7 +70,8 @@
 // 500 ms, every 100 ms without inotify, and catches up with one rotation
 // per check).
 //
-// Start-up and teardown costs: init is the only re-exec, and it starts
+// Start-up and teardown costs: as PID 1 the stager starts no process but
+// the apps. Otherwise init is the only re-exec, and it starts
 // before the apps' filesystems are built so that its start-up overlaps
 // that work (AppsDir is a shared bind mount, so what the stager mounts
 // there afterwards reaches init's copy of the mount namespace); apps are started

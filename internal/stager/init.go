@@ -76,12 +76,32 @@ func RunInit(ctx context.Context, log *slog.Logger) error {
 	// SIGTERM unless told otherwise: handle and drop them (the stager
 	// asks for shutdown over ctl). Handled, not ignored, so that children
 	// get default dispositions.
+	dropSignals(syscall.SIGTERM, syscall.SIGINT)
+	return serveInit(ctx, log, ctl)
+}
+
+// pid1Signals are the signals whose Go default (exit) would end a PID 1
+// that did not ask for them: handled and dropped, so that an app cannot
+// end its pod by sending them to PID 1 (the kernel delivers to a
+// namespace's init only the signals it handles).
+var pid1Signals = []os.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2,
+	syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGVTALRM, syscall.SIGPROF, syscall.SIGXCPU,
+	syscall.SIGXFSZ, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGSTKFLT, syscall.SIGPWR, syscall.SIGIO}
+
+// dropSignals handles and discards pid1Signals and extra.
+func dropSignals(extra ...os.Signal) {
 	drop := make(chan os.Signal, 4)
-	signal.Notify(drop, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Notify(drop, append(extra, pid1Signals...)...)
 	go func() {
 		for range drop {
 		}
 	}()
+}
+
+// serveInit is the pod init on its control connection: in its own process
+// (RunInit), or inside the stager when the stager is itself PID 1 of the
+// pod's PID namespace (RunStager).
+func serveInit(ctx context.Context, log *slog.Logger, ctl *net.UnixConn) error {
 	// Not dumpable: /proc/1 of the pod (our root, cwd, descriptors, memory)
 	// stays closed to the apps, who share our PID namespace but not our
 	// capabilities (caps.go).

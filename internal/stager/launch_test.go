@@ -202,6 +202,7 @@ type pod struct {
 	ready *os.File
 	out   *syncBuffer
 	done  chan error
+	pid1  bool // the stager is PID 1 of the pod (podOpts.pid1)
 }
 
 type podApp struct {
@@ -219,6 +220,9 @@ type podOpts struct {
 	// overlayRoot makes the stager root an overlay mount, as the daemon's
 	// is; otherwise it is a plain directory.
 	overlayRoot bool
+	// pid1 starts the stager as PID 1 of new PID, IPC and UTS namespaces,
+	// as kurmad does: it is then the pod's init itself.
+	pid1 bool
 }
 
 // newPod builds a stager root for apps and launches the stager on it.
@@ -308,6 +312,10 @@ func newPod(t *testing.T, o podOpts, apps ...podApp) *pod {
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.ExtraFiles = []*os.File{nil, readyW}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET}
+	if o.pid1 {
+		p.pid1 = true
+		p.cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
+	}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -420,6 +428,14 @@ func (p *pod) status() stagerspec.Status {
 // namespace (that of the stager's child, init).
 func (p *pod) podProcesses() (string, []int) {
 	p.t.Helper()
+	if p.pid1 {
+		// The stager is the pod's init: its PID namespace is the pod's.
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.cmd.Process.Pid))
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		return ns, pidsInNS(ns)
+	}
 	var kids []string
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p.cmd.Process.Pid))
 	for _, task := range tasks {

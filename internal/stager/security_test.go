@@ -20,9 +20,17 @@ import (
 // cannot mount, run with the default capability set and no_new_privs, and
 // that a retain-set isolator widens the set.
 func TestLeastPrivilege(t *testing.T) {
+	// Both ways init runs: a process of its own, or the stager itself
+	// when it is PID 1 (as kurmad starts it).
+	for _, pid1 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pid1=%v", pid1), func(t *testing.T) { testLeastPrivilege(t, pid1) })
+	}
+}
+
+func testLeastPrivilege(t *testing.T, pid1 bool) {
 	retain, _ := json.Marshal(map[string][]string{"set": {"CAP_SYS_ADMIN", "CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_SYS_CHROOT"}})
 	remove, _ := json.Marshal(map[string][]string{"set": {"CAP_KILL"}})
-	p := newPod(t, podOpts{},
+	p := newPod(t, podOpts{pid1: pid1},
 		podApp{name: "plain", exec: []string{"/bin/sleep", "1000"}, mountShared: "/shared"},
 		podApp{name: "admin", exec: []string{"/bin/sleep", "1000"},
 			isolators: []appc.Isolator{{Name: "os/linux/capabilities-retain-set", Value: retain}}},

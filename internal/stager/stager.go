@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -38,11 +39,6 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 			return fmt.Errorf("mkdir %s: %w", d, err)
 		}
 	}
-	// Init starts now, so that its start-up overlaps building the apps'
-	// filesystems. Its mount namespace is a copy of ours taken now; what
-	// we mount under AppsDir afterwards reaches it because AppsDir is a
-	// shared mount (init makes its copy private once it has the start
-	// request, when everything is mounted).
 	// built lists the apps whose mounts teardown removes; on failure it
 	// runs after init is killed (defers run last first).
 	var built []string
@@ -51,44 +47,29 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 			teardown(log, built)
 		}
 	}()
-	if err := shareMount(AppsDir); err != nil {
-		return err
-	}
-	// Pdeathsig belongs to the thread that starts init: keep it.
-	runtime.LockOSThread()
-	ctl, child, err := socketpair()
-	if err != nil {
-		return err
-	}
-	defer ctl.Close()
-	self, err := os.Executable()
-	if err != nil {
-		self = "/stager" // where the stager image puts us
-	}
-	cmd := exec.Command(self, "init")
-	cmd.Args[0] = "init"
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.ExtraFiles = []*os.File{child}
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS,
-		Pdeathsig:  syscall.SIGKILL,
-	}
-	if err := cmd.Start(); err != nil {
-		child.Close()
-		return fmt.Errorf("start pod init: %w", err)
-	}
-	child.Close()
-	// initDone is closed once init is reaped; initErr is its wait error.
-	initDone := make(chan struct{})
-	var initErr error
-	go func() { initErr = cmd.Wait(); close(initDone) }()
-	defer func() {
-		if retErr != nil {
-			_ = cmd.Process.Kill()
-			<-initDone
+	// When we are PID 1 of the pod's PID namespace (the daemon started us
+	// so), init runs inside this process once the apps' filesystems are
+	// built: no second process start. Otherwise init is a re-execution of
+	// this binary, started now so that its start-up overlaps building
+	// the apps' filesystems. Its mount namespace is a copy of ours taken
+	// now; what we mount under AppsDir afterwards reaches it because
+	// AppsDir is a shared mount (init makes its copy private once it has
+	// the start request, when everything is mounted).
+	var pi *podInit
+	if os.Getpid() != 1 {
+		if err := shareMount(AppsDir); err != nil {
+			return err
 		}
-	}()
+		if pi, err = execInit(); err != nil {
+			return err
+		}
+		defer pi.ctl.Close()
+		defer func() {
+			if retErr != nil {
+				pi.kill()
+			}
+		}()
+	}
 	plans := make([]AppPlan, 0, len(m.Pod.Apps))
 	for _, ra := range m.Pod.Apps {
 		def, err := appDefinition(m, ra)
@@ -112,6 +93,18 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		plans = append(plans, p)
 	}
 
+	if pi == nil {
+		if pi, err = inProcessInit(ctx, log); err != nil {
+			return err
+		}
+		defer pi.ctl.Close()
+		defer func() {
+			if retErr != nil {
+				pi.kill()
+			}
+		}()
+	}
+	ctl := pi.ctl
 	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: m.Name, LogMaxBytes: cfg.LogMaxBytes}); err != nil {
 		return fmt.Errorf("pod init: %w", err)
 	}
@@ -123,11 +116,11 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		return fmt.Errorf("pod init: %w", err)
 	}
 	signalReady(log)
-	log.Info("pod running", "apps", len(plans), "init", cmd.Process.Pid)
+	log.Info("pod running", "apps", len(plans), "init", pi.pid)
 
 	select {
-	case <-initDone:
-		return fmt.Errorf("pod init exited: %v", initErr)
+	case <-pi.done:
+		return fmt.Errorf("pod init exited: %v", pi.err)
 	case <-ctx.Done():
 	}
 	grace := cfg.Grace()
@@ -136,13 +129,95 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		log.Warn("shutdown request", "err", err)
 	}
 	select {
-	case <-initDone:
+	case <-pi.done:
 	case <-time.After(grace + 10*time.Second):
-		_ = cmd.Process.Kill()
-		<-initDone
+		pi.kill()
 	}
 	teardown(log, built)
 	return nil
+}
+
+// podInit is the pod's init as the stager sees it: a control connection
+// and the end of init (a process or, when the stager is PID 1, a goroutine).
+type podInit struct {
+	ctl  *net.UnixConn
+	pid  int
+	done chan struct{} // closed when init ended; err is then set
+	err  error
+	kill func() // ends init and waits for done
+}
+
+// execInit starts init as a re-execution of this binary in new PID, IPC,
+// UTS and mount namespaces.
+func execInit() (*podInit, error) {
+	// Pdeathsig belongs to the thread that starts init: keep it.
+	runtime.LockOSThread()
+	ctl, child, err := socketpair()
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		self = "/stager" // where the stager image puts us
+	}
+	cmd := exec.Command(self, "init")
+	cmd.Args[0] = "init"
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		child.Close()
+		ctl.Close()
+		return nil, fmt.Errorf("start pod init: %w", err)
+	}
+	child.Close()
+	pi := &podInit{ctl: ctl, pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() { pi.err = cmd.Wait(); close(pi.done) }()
+	pi.kill = func() {
+		_ = cmd.Process.Kill()
+		<-pi.done
+	}
+	return pi, nil
+}
+
+// inProcessInit runs init in this process, which is PID 1 of the pod's
+// PID namespace (made by the daemon, with the pod's IPC and UTS
+// namespaces): init's mounts (the pod's /proc in every app) then live in
+// the stager's own mount namespace, which is private already, and
+// teardown removes them with the apps' filesystems.
+func inProcessInit(ctx context.Context, log *slog.Logger) (*podInit, error) {
+	dropSignals()
+	ctl, child, err := socketpair()
+	if err != nil {
+		return nil, err
+	}
+	cc, err := fileConn(child)
+	child.Close()
+	if err != nil {
+		ctl.Close()
+		return nil, fmt.Errorf("init control socket: %w", err)
+	}
+	pi := &podInit{ctl: ctl, pid: 1, done: make(chan struct{})}
+	go func() {
+		defer cc.Close()
+		pi.err = serveInit(context.WithoutCancel(ctx), log.With("role", "init"), cc)
+		close(pi.done)
+	}()
+	pi.kill = func() {
+		// Closing the connection makes init shut the pod down, with no
+		// grace, and return.
+		_ = cc.Close()
+		select {
+		case <-pi.done:
+		case <-time.After(time.Second):
+			// Our exit ends the rest: we are the namespace's init.
+		}
+	}
+	return pi, nil
 }
 
 // shareMount makes dir a mount point of its own with shared propagation.

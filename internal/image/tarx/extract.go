@@ -37,7 +37,16 @@ type Options struct {
 	Other func(hdr *tar.Header, r io.Reader) error
 	// Progress, when set, is told the number of input bytes consumed so far.
 	Progress func(n int64)
+	// MaxBytes bounds the (uncompressed) stream: a larger one, or an entry
+	// claiming more, is refused (kerrors.Invalid) as soon as that shows.
+	// Zero means DefaultMaxBytes; negative means no bound.
+	MaxBytes int64
 }
+
+// DefaultMaxBytes is the largest tar stream Extract takes by default: far
+// beyond any real image layer, it stops a decompression bomb from filling
+// the disk.
+const DefaultMaxBytes int64 = 64 << 30
 
 // Result describes an extracted stream.
 type Result struct {
@@ -68,7 +77,11 @@ func Extract(ctx context.Context, r io.Reader, dir string, opts Options) (Result
 	defer root.Close()
 
 	h := sha512.New()
-	cr := &countingReader{r: io.TeeReader(r, h), progress: opts.Progress}
+	limit := opts.MaxBytes
+	if limit == 0 {
+		limit = DefaultMaxBytes
+	}
+	cr := &countingReader{r: io.TeeReader(r, h), progress: opts.Progress, limit: limit}
 	x := &extractor{root: root, opts: opts, isRoot: os.Geteuid() == 0, known: map[string]bool{}}
 	tr := tar.NewReader(cr)
 	res := Result{}
@@ -84,6 +97,9 @@ func Extract(ctx context.Context, r io.Reader, dir string, opts Options) (Result
 			return res, kerrors.New(kerrors.Invalid, "read tar: %v", err)
 		}
 		res.Entries++
+		if limit > 0 && hdr.Size > limit-cr.n {
+			return res, kerrors.New(kerrors.Invalid, "tar entry %q claims %d bytes: more than the %d-byte limit of a layer", hdr.Name, hdr.Size, limit)
+		}
 		if err := x.entry(ctx, hdr, tr); err != nil {
 			return res, err
 		}
@@ -105,11 +121,20 @@ type countingReader struct {
 	r        io.Reader
 	n        int64
 	progress func(int64)
+	limit    int64 // >0: more input than this is an error
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	// Reading at most one byte past the limit tells a stream of exactly
+	// limit bytes from a longer one.
+	if c.limit > 0 && int64(len(p)) > c.limit-c.n+1 {
+		p = p[:c.limit-c.n+1]
+	}
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if c.limit > 0 && c.n > c.limit {
+		return n, kerrors.New(kerrors.Invalid, "tar stream longer than the %d-byte limit of a layer", c.limit)
+	}
 	if c.progress != nil && n > 0 {
 		c.progress(c.n)
 	}

@@ -283,3 +283,55 @@ func TestExtractPrefix(t *testing.T) {
 		t.Error("manifest extracted into rootfs")
 	}
 }
+
+// TestExtractSizeLimit: a stream longer than MaxBytes, or an entry claiming
+// more than is left of it, is refused with Invalid; a stream of exactly
+// MaxBytes is taken.
+func TestExtractSizeLimit(t *testing.T) {
+	body := string(bytes.Repeat([]byte("x"), 4096))
+	small := mkTar(t, []ent{{name: "f", typ: tar.TypeReg, body: body}})
+	// A header claiming 1 TiB followed by a few bytes: refused before
+	// anything is read or written.
+	var huge bytes.Buffer
+	tw := tar.NewWriter(&huge)
+	if err := tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1 << 40}); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = tw.Write([]byte("abc"))
+	_ = tw.Flush() // fails (short entry); the header is out already
+	for _, tc := range []struct {
+		name    string
+		in      []byte
+		max     int64
+		wantErr bool
+	}{
+		{"within", small, int64(len(small)), false},
+		{"unbounded", small, -1, false},
+		{"default", small, 0, false},
+		{"stream too long", small, int64(len(small)) - 1, true},
+		{"entry claims too much", small, 2048, true},
+		{"claimed terabyte", huge.Bytes(), 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			_, err := tarx.Extract(t.Context(), bytes.NewReader(tc.in), dir, tarx.Options{MaxBytes: tc.max})
+			if tc.wantErr {
+				if !errors.Is(err, kerrors.Invalid) {
+					t.Fatalf("err %v, want Invalid", err)
+				}
+				if tc.name == "claimed terabyte" {
+					if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+						t.Errorf("wrote %d entries", len(ents))
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(b) != body {
+				t.Errorf("content: %v (%d bytes)", err, len(b))
+			}
+		})
+	}
+}
