@@ -144,7 +144,9 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if f.stopPods {
-		stopAll(sctx, mgr, log)
+		// Every pod first, the networking pod last (their dels need it).
+		stopAll(sctx, mgr, log, nets.netPodName())
+		nets.stop(sctx)
 	}
 	if err := mgr.Close(sctx); err != nil {
 		log.Warn("close pod manager", "err", err)
@@ -187,8 +189,8 @@ func startup(ctx context.Context, cfg *config.Config, store image.Store, mgr pod
 	}
 }
 
-// stopAll stops every running pod concurrently.
-func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger) {
+// stopAll stops every running pod but the one named except, concurrently.
+func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger, except string) {
 	pods, err := mgr.List(ctx)
 	if err != nil {
 		log.Error("list pods", "err", err)
@@ -196,7 +198,7 @@ func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger) {
 	}
 	var wg sync.WaitGroup
 	for _, p := range pods {
-		if p.State != pod.Running && p.State != pod.Creating {
+		if p.State != pod.Running && p.State != pod.Creating || p.Name == except && except != "" {
 			continue
 		}
 		wg.Add(1)

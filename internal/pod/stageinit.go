@@ -63,7 +63,10 @@ type stageConfig struct {
 	Overlay  *overlaySpec `json:"overlay,omitempty"`
 	Hostname string       `json:"hostname,omitempty"`
 	HostNet  bool         `json:"hostNet,omitempty"`
-	Binds    []bindSpec   `json:"binds"`
+	// Slave makes the mounts rslave instead of rprivate (the host's later
+	// mounts under bound volumes then appear in the stager).
+	Slave bool       `json:"slave,omitempty"`
+	Binds []bindSpec `json:"binds"`
 	// Cgroups bind the pod's cgroup folders at their hierarchy's mount
 	// point inside the root.
 	Cgroups []bindSpec `json:"cgroups,omitempty"`
@@ -171,8 +174,14 @@ func receiveConfig() ([]byte, error) {
 // setupRoot makes the mounts of the stager spec inside the new mount
 // namespace, after cutting propagation to the host.
 func setupRoot(c *stageConfig) error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make / rprivate: %w", err)
+	prop := uintptr(unix.MS_PRIVATE)
+	if c.Slave {
+		// Still nothing propagates to the host, but the host's mounts
+		// under a (shared) host volume reach the pod.
+		prop = unix.MS_SLAVE
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|prop, ""); err != nil {
+		return fmt.Errorf("make / rprivate or rslave: %w", err)
 	}
 	if o := c.Overlay; o != nil {
 		opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work

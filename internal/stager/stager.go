@@ -71,7 +71,7 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS,
+		Cloneflags: initCloneFlags(m.Pod),
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {
@@ -112,7 +112,8 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		plans = append(plans, p)
 	}
 
-	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: m.Name, LogMaxBytes: cfg.LogMaxBytes}); err != nil {
+	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: podHostname(m.Pod, m.Name), LogMaxBytes: cfg.LogMaxBytes,
+		Slave: podAnnotation(m.Pod, VolumePropagationAnnotation) == "rslave"}); err != nil {
 		return fmt.Errorf("pod init: %w", err)
 	}
 	var resp response

@@ -45,6 +45,9 @@ type PodCaller struct {
 	Pods pod.Manager
 	// Pod is the networking pod's name or UUID.
 	Pod string
+	// Apps maps a network to its app (AppNames); a network missing from
+	// it is its own app's name.
+	Apps map[string]string
 }
 
 var _ Caller = (*PodCaller)(nil)
@@ -52,7 +55,11 @@ var _ Caller = (*PodCaller)(nil)
 // Call implements Caller.
 func (c *PodCaller) Call(ctx context.Context, network, verb string, args []string, stdin []byte) (Output, error) {
 	var out, errb limitedBuffer
-	code, err := c.Pods.Exec(ctx, c.Pod, network, stagerspec.RunSettings{
+	app := network
+	if a, ok := c.Apps[network]; ok {
+		app = a
+	}
+	code, err := c.Pods.Exec(ctx, c.Pod, app, stagerspec.RunSettings{
 		Exec: append([]string{"/opt/network/" + verb}, args...), User: "0", Group: "0",
 	}, pod.IO{Stdin: bytes.NewReader(stdin), Stdout: &out, Stderr: &errb})
 	if err == nil && ctx.Err() != nil {
