@@ -147,6 +147,9 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		// Every pod first, the networking pod last (their dels need it).
 		stopAll(sctx, mgr, log, nets.netPodName())
 		nets.stop(sctx)
+	} else if onlyPodRunning(sctx, mgr, nets.netPodName()) {
+		// Nothing needs the networking pod until the next start.
+		nets.stop(sctx)
 	}
 	if err := mgr.Close(sctx); err != nil {
 		log.Warn("close pod manager", "err", err)
@@ -210,6 +213,24 @@ func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger, except stri
 		}()
 	}
 	wg.Wait()
+}
+
+// onlyPodRunning reports whether name is the only pod running (or being
+// created); false when name is "".
+func onlyPodRunning(ctx context.Context, mgr pod.Manager, name string) bool {
+	if name == "" {
+		return false
+	}
+	pods, err := mgr.List(ctx)
+	if err != nil {
+		return false
+	}
+	for _, p := range pods {
+		if (p.State == pod.Running || p.State == pod.Creating) && p.Name != name {
+			return false
+		}
+	}
+	return true
 }
 
 // lookupGroup resolves the socket group (name or number); "" is root's.
