@@ -211,6 +211,7 @@ type podApp struct {
 	mountShared string
 	tty         bool
 	isolators   []appc.Isolator
+	annotations []appc.Annotation
 }
 
 // podOpts configures newPod.
@@ -219,6 +220,8 @@ type podOpts struct {
 	// overlayRoot makes the stager root an overlay mount, as the daemon's
 	// is; otherwise it is a plain directory.
 	overlayRoot bool
+	// annotations of the pod manifest
+	annotations []appc.Annotation
 }
 
 // newPod builds a stager root for apps and launches the stager on it.
@@ -264,7 +267,8 @@ func newPod(t *testing.T, o podOpts, apps ...podApp) *pod {
 		Name:         name,
 		Pod: appc.PodManifest{
 			ACKind: appc.KindPodManifest, ACVersion: appc.ACVersion,
-			Volumes: []appc.Volume{{Name: "shared", Kind: "empty"}},
+			Volumes:     []appc.Volume{{Name: "shared", Kind: "empty"}},
+			Annotations: o.annotations,
 		},
 		Images: map[string]appc.ImageManifest{
 			order[0]: {ACKind: appc.KindImageManifest, ACVersion: appc.ACVersion, Name: "kstg/top",
@@ -280,6 +284,7 @@ func newPod(t *testing.T, o podOpts, apps ...podApp) *pod {
 		if a.tty {
 			ra.Annotations = []appc.Annotation{{Name: "kurma.dev/tty", Value: "true"}}
 		}
+		ra.Annotations = append(ra.Annotations, a.annotations...)
 		if a.mountShared != "" {
 			ra.Mounts = []appc.Mount{{Volume: "shared", Path: a.mountShared}}
 		}
