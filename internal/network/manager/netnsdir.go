@@ -151,7 +151,13 @@ func (m *Manager) dropNetNSRef(p *pod.Pod) {
 		return
 	}
 	target := filepath.Join(m.opts.NetNSDir, p.UUID)
-	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+	// A plain unmount first: a lazy one may wait for an RCU grace period
+	// (tens of ms under load), here once per propagated copy.
+	err := unix.Unmount(target, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(target, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		m.log.Warn("unmount netns reference", "pod", p.UUID, "err", err)
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
