@@ -202,7 +202,9 @@ func setupRoot(c *stageConfig) error {
 	}
 	in := func(p string) string { return filepath.Join(c.Root, filepath.Clean("/"+p)) }
 	for _, b := range c.Binds {
-		if err := bindInto(b.Source, in(b.Target), b.ReadOnly, false); err != nil {
+		// With Slave, recursive: mounts already under a volume (netns
+		// references of running pods) come along, later ones propagate.
+		if err := bindInto(b.Source, in(b.Target), b.ReadOnly, c.Slave); err != nil {
 			return err
 		}
 	}

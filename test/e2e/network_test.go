@@ -263,8 +263,18 @@ func TestNetworkE2E(t *testing.T) {
 		if knma == 0 {
 			t.Fatalf("no main of knma among %v", mains)
 		}
+		// A pod attached before the restart: its netns reference was bound
+		// before the new networking pod started and must be there too.
+		old := testutil.UniqueName("knm")
+		d.ok(t, "run", "-d", "--name", old, src.aci, "sleep", "1000")
+		t.Cleanup(func() { d.kurma("rm", "-f", old) })
 		killPluginMain(t, d, "knma", knma)
 		mains = checkNetPod(t, d, hostname, 3)
+		netRefVisible(t, d, d.inspect(t, old), mains)
+		d.ok(t, "rm", "-f", old)
+		if ports := bridgePortCount(t, nets[0].bridge); ports != 0 {
+			t.Errorf("%d ports left after removing a pod attached before the restart", ports)
+		}
 		p := testutil.UniqueName("knm")
 		d.ok(t, "run", "-d", "--name", p, src.aci, "sleep", "1000")
 		t.Cleanup(func() { d.kurma("rm", "-f", p) })
