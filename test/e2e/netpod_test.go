@@ -165,3 +165,15 @@ func killPluginMain(t *testing.T, d *daemon, network string, pid int) {
 		t.Error("net ls never showed the network failed")
 	}
 }
+
+// withoutNetPod drops kurmad's networking pod from a pod list (it runs
+// whenever pod networks are configured, the default network included).
+func withoutNetPod(ps []*pod.Pod) []*pod.Pod {
+	out := ps[:0:0]
+	for _, p := range ps {
+		if p.Name != manager.DefaultNetPodName {
+			out = append(out, p)
+		}
+	}
+	return out
+}
