@@ -2,8 +2,9 @@
 # Kurma demo (`make demo`): a real end-to-end run on the embedded defaults —
 # no config file. Starts kurmad in the background (socket
 # /run/kurma/kurma.sock, state in /var/lib/kurma), runs the demo app in a pod,
-# shows ps, exec, logs and status, stops and removes the pod, then stops
-# kurmad. It cleans up after itself (pods, the daemon, and the state and
+# shows ps, exec, logs and status, networking (the networking pod, a second
+# pod, both pods' IPs, one reaching the other over TCP), stops and removes
+# the pods, then stops kurmad. It cleans up after itself (pods, the daemon, and the state and
 # socket directories when it created them) and exits non-zero on any failure.
 set -euo pipefail
 BIN=$(cd "${1:-$(dirname "$0")/../bin}" && pwd)
@@ -12,6 +13,7 @@ KURMA="$BIN/kurma"
 SOCK=/run/kurma/kurma.sock
 STATE=/var/lib/kurma
 POD=kurma-demo
+POD2=kurma-demo-2
 export KURMA_SOCKET=$SOCK
 export PATH="$BIN:$PATH"
 
@@ -50,7 +52,7 @@ cleanup() {
   rc=$?
   set +e
   if [ -n "$KPID" ] && kill -0 "$KPID" 2>/dev/null; then
-    "$KURMA" rm -f "$POD" >/dev/null 2>&1
+    "$KURMA" rm -f "$POD" "$POD2" >/dev/null 2>&1
     kill -TERM "$KPID"
     wait "$KPID" 2>/dev/null
   fi
@@ -59,7 +61,8 @@ cleanup() {
     tail -n 40 "$LOG" >&2
   fi
   [ -n "$made_state" ] && rm -rf "$STATE"
-  [ -n "$made_run" ] && rm -rf /run/kurma
+  # kurmad keeps /run/kurma/netns mounted (shared) for the networking pod.
+  [ -n "$made_run" ] && { umount /run/kurma/netns 2>/dev/null; rm -rf /run/kurma; }
   [ -n "$made_bridge" ] && ip link del kurma0 2>/dev/null
   [ -n "$made_ipam" ] && rm -rf /var/lib/kurma-network
   rm -f "$LOG"
@@ -92,6 +95,19 @@ if [ "$(basename "$IMAGE")" = hello.aci ]; then
   heading "kurma exec: the app answers inside its pod"
   show kurma exec "$POD" busybox wget -qO- http://127.0.0.1:8080/
 fi
+
+heading "Networking: the plugins run in the networking pod"
+show kurma net ls
+show kurma run -d --name "$POD2" "file://$IMAGE"
+ip_of() { "$KURMA" inspect "$1" | grep -o '"address": *"[0-9.]*' | head -n 1 | grep -o '[0-9.]*$'; }
+IP1=$(ip_of "$POD") IP2=$(ip_of "$POD2")
+echo "$POD: $IP1    $POD2: $IP2"
+[ -n "$IP1" ] && [ -n "$IP2" ] && [ "$IP1" != "$IP2" ] || { echo "demo: pods have no distinct IPs" >&2; exit 1; }
+if [ "$(basename "$IMAGE")" = hello.aci ]; then
+  sleep 1
+  show kurma exec "$POD2" busybox wget -qO- "http://$IP1:8080/"
+fi
+show kurma rm -f "$POD2"
 
 heading "kurma logs"
 show kurma logs "$POD"

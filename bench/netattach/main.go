@@ -8,8 +8,8 @@
 // network namespaces this program creates (one standing in for the host,
 // one for the pod) and removes.
 //
-// Note: kurmad's default (host) mode calls plugins exactly like this; the
-// networking-pod mode adds a stager run call-in per call, not measured here.
+// -mode pod (podmode.go) measures kurmad's default path, through the
+// networking pod, against cnitool in the same run; -mode both runs both.
 //
 // Needs root and `make build` (bin/kurma-netplugin, bin/cni, bin/tools).
 package main
@@ -42,13 +42,36 @@ import (
 )
 
 func main() {
+	// The pod manager of -mode pod re-executes this binary as stage-init.
+	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
+		os.Exit(pod.StageInit(os.Args[2:]))
+	}
 	iters := flag.Int("n", 30, "attach+detach cycles per path")
+	mode := flag.String("mode", "both", "host (HostCaller vs cnitool in a stand-in netns), pod (networking pod vs cnitool) or both")
 	flag.Parse()
-	if err := run(*iters); err != nil {
+	var err error
+	if *mode == "host" || *mode == "both" {
+		err = run(*iters)
+	}
+	if err == nil && (*mode == "pod" || *mode == "both") {
+		err = runPod(*iters, binDir())
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench/netattach:", err)
 		os.Exit(1)
 	}
 }
+
+func binDir() string {
+	bin := os.Getenv("KURMA_BIN_DIR")
+	if bin == "" {
+		bin = "bin"
+	}
+	bin, _ = filepath.Abs(bin)
+	return bin
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 func unique(prefix string) string {
 	b := make([]byte, 4)

@@ -145,7 +145,12 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if f.stopPods {
-		stopAll(sctx, mgr, log)
+		// Every pod first, the networking pod last (their dels need it).
+		stopAll(sctx, mgr, log, nets.netPodName())
+		nets.stop(sctx)
+	} else if onlyPodRunning(sctx, mgr, nets.netPodName()) {
+		// Nothing needs the networking pod until the next start.
+		nets.stop(sctx)
 	}
 	if err := mgr.Close(sctx); err != nil {
 		log.Warn("close pod manager", "err", err)
@@ -188,8 +193,8 @@ func startup(ctx context.Context, cfg *config.Config, store image.Store, mgr pod
 	}
 }
 
-// stopAll stops every running pod concurrently.
-func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger) {
+// stopAll stops every running pod but the one named except, concurrently.
+func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger, except string) {
 	pods, err := mgr.List(ctx)
 	if err != nil {
 		log.Error("list pods", "err", err)
@@ -197,7 +202,7 @@ func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger) {
 	}
 	var wg sync.WaitGroup
 	for _, p := range pods {
-		if p.State != pod.Running && p.State != pod.Creating {
+		if p.State != pod.Running && p.State != pod.Creating || p.Name == except && except != "" {
 			continue
 		}
 		wg.Add(1)
@@ -209,6 +214,24 @@ func stopAll(ctx context.Context, mgr pod.Manager, log *slog.Logger) {
 		}()
 	}
 	wg.Wait()
+}
+
+// onlyPodRunning reports whether name is the only pod running (or being
+// created); false when name is "".
+func onlyPodRunning(ctx context.Context, mgr pod.Manager, name string) bool {
+	if name == "" {
+		return false
+	}
+	pods, err := mgr.List(ctx)
+	if err != nil {
+		return false
+	}
+	for _, p := range pods {
+		if (p.State == pod.Running || p.State == pod.Creating) && p.Name != name {
+			return false
+		}
+	}
+	return true
 }
 
 // lookupGroup resolves the socket group (name or number); "" is root's.

@@ -19,12 +19,15 @@ import (
 
 // Environment knobs of pod networking (docs/networking.md).
 const (
-	// envNetworkMode: "host" (default) runs the plugin images' add/del as
-	// host processes from their extracted root filesystems; "pod" runs them
-	// in the networking pod through the run call-in.
+	// envNetworkMode: "pod" (default) runs the plugins in the networking
+	// pod and their add/del through the run call-in; "host" runs them as
+	// host processes from the images' extracted root filesystems.
 	envNetworkMode = "KURMA_NETWORK_MODE"
 	// envNetworkCallTimeout bounds one add/del call (Go duration, 60s).
 	envNetworkCallTimeout = "KURMA_NETWORK_CALL_TIMEOUT"
+	// envNetNSDir is the host folder of the pods' netns references that
+	// the networking pod mounts (pod mode; manager.DefaultNetNSDir).
+	envNetNSDir = "KURMA_NETNS_DIR"
 )
 
 // netSetup is kurmad's pod networking: nil fields when it is off.
@@ -33,7 +36,9 @@ type netSetup struct {
 	podCaller *manager.PodCaller  // pod mode
 	host      *manager.HostCaller // host mode
 	sup       *manager.Supervisor // pod mode, made once the pod manager exists
+	supDone   chan struct{}       // closed when sup.Run returned
 	stateDir  string
+	netnsDir  string // pod mode
 	mode      string
 	log       *slog.Logger
 }
@@ -76,17 +81,25 @@ func newNetSetup(cfg *config.Config, log *slog.Logger) (*netSetup, error) {
 		stateDir: filepath.Join(filepath.Dir(cfg.PodsDir), "network")}
 	var caller manager.Caller
 	switch ns.mode {
-	case "", "host":
-		ns.mode, ns.host = "host", &manager.HostCaller{}
+	case "host":
+		ns.host = &manager.HostCaller{}
 		caller = ns.host
-	case "pod":
-		ns.podCaller = &manager.PodCaller{Pod: manager.DefaultNetPodName}
+	case "", "pod":
+		ns.mode = "pod"
+		ns.podCaller = &manager.PodCaller{Pod: manager.DefaultNetPodName, Apps: manager.AppNames(nets)}
 		caller = ns.podCaller
+		ns.netnsDir = os.Getenv(envNetNSDir)
+		if ns.netnsDir == "" {
+			ns.netnsDir = manager.DefaultNetNSDir
+		}
+		if err := manager.PrepareNetNSDir(ns.netnsDir); err != nil {
+			return nil, fmt.Errorf("%s: %w", envNetNSDir, err)
+		}
 	default:
 		return nil, fmt.Errorf("%s=%q: want host or pod", envNetworkMode, ns.mode)
 	}
 	ns.mgr, err = manager.New(manager.Options{Networks: nets, Caller: caller, CallTimeout: timeout,
-		InitialState: manager.Starting, Logger: log})
+		InitialState: manager.Starting, Logger: log, NetNSDir: ns.netnsDir})
 	if err != nil {
 		return nil, err
 	}
@@ -114,13 +127,50 @@ func (ns *netSetup) start(ctx context.Context, store image.Store, pods pod.Manag
 	}
 	ns.podCaller.Pods = pods
 	sup, err := manager.NewSupervisor(manager.SupervisorOptions{Pods: pods, Manager: ns.mgr,
-		Logger: ns.log})
+		NetNSDir: ns.netnsDir, StateDir: ns.stateDir, Logger: ns.log,
+		CheckImage: func(ctx context.Context, aci string) error {
+			img, err := store.Pull(ctx, aci, image.PullOptions{})
+			if err != nil {
+				return fmt.Errorf("pull plugin image %s: %w", aci, err)
+			}
+			if !manager.IsHostPrivileged(img.Manifest) {
+				return fmt.Errorf("plugin image %s does not declare %s=true; a network plugin needs host privilege", aci, manager.HostPrivileged)
+			}
+			return nil
+		}})
 	if err != nil {
 		return err
 	}
 	ns.sup = sup
-	go func() { _ = sup.Run(ctx) }()
+	ns.supDone = make(chan struct{})
+	go func() { defer close(ns.supDone); _ = sup.Run(ctx) }()
+	// Other pods start once the networks are up (or failed), bounded.
+	wctx, cancel := context.WithTimeout(ctx, ns.mgr.CallTimeout())
+	defer cancel()
+	ns.mgr.WaitSettled(wctx)
 	return nil
+}
+
+// netPodName is the networking pod's name ("" when there is none).
+func (ns *netSetup) netPodName() string {
+	if ns == nil || ns.sup == nil {
+		return ""
+	}
+	return ns.sup.PodName()
+}
+
+// stop removes the networking pod once its supervisor has ended (ctx is
+// done); kurmad calls it after stopping every other pod.
+func (ns *netSetup) stop(ctx context.Context) {
+	if ns == nil || ns.sup == nil {
+		return
+	}
+	select {
+	case <-ns.supDone:
+	case <-ctx.Done():
+		return
+	}
+	ns.sup.Stop(ctx)
 }
 
 // ListNetworks adapts the manager to the API.

@@ -71,6 +71,9 @@ func ValidateSpec(s *pod.Spec) error {
 	if len(s.Apps) == 0 {
 		return inv("pod has no apps")
 	}
+	if opt := s.Reserved(); opt != "" {
+		return inv("%s is reserved for the daemon's networking pod", opt)
+	}
 	vols := map[string]bool{}
 	for i, v := range s.Volumes {
 		if !appc.ValidACName(v.Name) {

@@ -353,8 +353,14 @@ func (b *build) resolveImages(ctx context.Context) error {
 				last.Annotations = append(last.Annotations, appc.Annotation{Name: TTYSizeAnnotation, Value: fmt.Sprintf("%dx%d", sz.Rows, sz.Cols)})
 			}
 		}
+		if err := hostAccess(&m.Pod, spec, &a, &m.Pod.Apps[len(m.Pod.Apps)-1], img.Manifest); err != nil {
+			return err
+		}
 		apps = append(apps, AppInfo{Name: a.Name, Image: a.Image, ImageID: img.ID})
 		b.imageIDs = append(b.imageIDs, img.ID)
+	}
+	if err := hostAccess(&m.Pod, spec, nil, nil, appc.ImageManifest{}); err != nil {
+		return err
 	}
 	if err := m.Validate(); err != nil {
 		return kerrors.New(kerrors.Invalid, "stager manifest: %v", err)

@@ -88,6 +88,7 @@ func (b *build) launch(ctx context.Context) error {
 		Overlay:  b.overlay(),
 		Hostname: spec.Name,
 		HostNet:  hostNet,
+		Slave:    spec.VolumePropagation,
 		Exec:     b.stager.Manifest.App.Exec,
 		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 	}
@@ -111,7 +112,10 @@ func (b *build) launch(ctx context.Context) error {
 	}
 	b.deadline = time.Now().Add(r.opts.ReadyTimeout)
 	var p *launched
-	if !hostNet {
+	if spec.HostUTS {
+		c.Hostname = "" // never the host's hostname
+	}
+	if !hostNet && len(hostShared(spec)) == 0 {
 		// A warm spare is already in fresh namespaces, its Go runtime
 		// started: hand it the config and the log.
 		if p = r.takeSpare(); p != nil {
@@ -123,7 +127,7 @@ func (b *build) launch(ctx context.Context) error {
 		}
 	}
 	if p == nil {
-		if p, err = r.spawn(string(arg), logf, hostNet); err != nil {
+		if p, err = r.spawn(string(arg), logf, hostNet, hostShared(spec)...); err != nil {
 			logf.Close()
 			return err
 		}
@@ -152,8 +156,9 @@ func (b *build) launch(ctx context.Context) error {
 }
 
 // spawn starts a stage-init child in new namespaces: arg is its config
-// (or spareArg), out its stdout and stderr (nil: /dev/null).
-func (r *Runtime) spawn(arg string, out *os.File, hostNet bool) (*launched, error) {
+// (or spareArg), out its stdout and stderr (nil: /dev/null); share lists
+// clone flags of namespaces it keeps from the host (hostShared).
+func (r *Runtime) spawn(arg string, out *os.File, hostNet bool, share ...uintptr) (*launched, error) {
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
@@ -187,6 +192,9 @@ func (r *Runtime) spawn(arg string, out *os.File, hostNet bool) (*launched, erro
 	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWPID)
 	if !hostNet {
 		flags |= unix.CLONE_NEWNET
+	}
+	for _, f := range share {
+		flags &^= f
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Setsid: true}
 	if err := cmd.Start(); err != nil {

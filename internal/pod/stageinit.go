@@ -62,7 +62,10 @@ type stageConfig struct {
 	Overlay  *overlaySpec `json:"overlay,omitempty"`
 	Hostname string       `json:"hostname,omitempty"`
 	HostNet  bool         `json:"hostNet,omitempty"`
-	Binds    []bindSpec   `json:"binds"`
+	// Slave makes the mounts rslave instead of rprivate (the host's later
+	// mounts under bound volumes then appear in the stager).
+	Slave bool       `json:"slave,omitempty"`
+	Binds []bindSpec `json:"binds"`
 	// Cgroups bind the pod's cgroup folders at their hierarchy's mount
 	// point inside the root.
 	Cgroups []bindSpec `json:"cgroups,omitempty"`
@@ -201,8 +204,14 @@ func upLoopback(hostNet bool) {
 // host's propagation until then, so that what the host unmounts meanwhile
 // is unmounted in its copy too instead of being pinned by it.)
 func setupRoot(c *stageConfig) error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make / rprivate: %w", err)
+	prop := uintptr(unix.MS_PRIVATE)
+	if c.Slave {
+		// Still nothing propagates to the host, but the host's mounts
+		// under a (shared) host volume reach the pod.
+		prop = unix.MS_SLAVE
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|prop, ""); err != nil {
+		return fmt.Errorf("make / rprivate or rslave: %w", err)
 	}
 	if o := c.Overlay; o != nil {
 		opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work
@@ -218,7 +227,9 @@ func setupRoot(c *stageConfig) error {
 	}
 	in := func(p string) string { return filepath.Join(c.Root, filepath.Clean("/"+p)) }
 	for _, b := range c.Binds {
-		if err := bindInto(b.Source, in(b.Target), b.ReadOnly, false); err != nil {
+		// With Slave, recursive: mounts already under a volume (netns
+		// references of running pods) come along, later ones propagate.
+		if err := bindInto(b.Source, in(b.Target), b.ReadOnly, c.Slave); err != nil {
 			return err
 		}
 	}

@@ -29,6 +29,14 @@ type AppSpec struct {
 	// TTYSize is the terminal's size when the app starts (TTY only;
 	// default: whatever the stager gives).
 	TTYSize *TermSize `json:"ttySize,omitempty"`
+	// Stdin, when set, is what the app's main executable reads on its
+	// stdin, followed by EOF (StdinAnnotation; not with TTY).
+	Stdin []byte `json:"stdin,omitempty"`
+	// HostPrivileged asks for host privilege (HostPrivilegedCaps and a
+	// writable /proc/sys), granted only when the app's image declares
+	// HostPrivilegedLabel=true (ImageDeclaresHostPrivilege). Reserved for
+	// the daemon's networking pod: the API refuses it.
+	HostPrivileged bool `json:"hostPrivileged,omitempty"`
 }
 
 // Spec describes a pod to create.
@@ -42,6 +50,35 @@ type Spec struct {
 	Networks []string `json:"networks,omitempty"`
 	// StagerImage overrides the daemon's default stager.
 	StagerImage string `json:"stagerImage,omitempty"`
+	// HostIPC and HostUTS keep the pod in the host's IPC and UTS
+	// namespaces (the stager then never sets a hostname). Reserved for the
+	// daemon's networking pod: the API refuses them.
+	HostIPC bool `json:"hostIPC,omitempty"`
+	HostUTS bool `json:"hostUTS,omitempty"`
+	// VolumePropagation makes the pod's mounts slaves of the host's
+	// (rslave instead of rprivate), so that mounts the host makes later
+	// under a shared host volume appear inside the apps. Reserved for the
+	// networking pod's netns volume: the API refuses it.
+	VolumePropagation bool `json:"volumePropagation,omitempty"`
+}
+
+// Reserved reports which daemon-only options a spec sets ("" if none):
+// the API refuses user specs that use them.
+func (s *Spec) Reserved() string {
+	switch {
+	case s.HostIPC:
+		return "hostIPC"
+	case s.HostUTS:
+		return "hostUTS"
+	case s.VolumePropagation:
+		return "volumePropagation"
+	}
+	for _, a := range s.Apps {
+		if a.HostPrivileged {
+			return "hostPrivileged"
+		}
+	}
+	return ""
 }
 
 // State is where a pod is in its life.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -208,7 +209,20 @@ func SettingsFile(fd int) (*os.File, error) {
 // Run runs a process in app with settings s, stdio passed straight to it
 // (or through a new terminal when s.TTY), and returns its exit code.
 func Run(ctx context.Context, app string, s *stagerspec.RunSettings, stdin, stdout, stderr *os.File) (int, error) {
-	c, err := dial(SocketPath)
+	return RunAt(ctx, SocketPath, app, s, stdin, stdout, stderr)
+}
+
+// HostSocketPath is where a process outside the stager's mount namespace
+// (the daemon) reaches the init socket of the stager with host PID pid.
+func HostSocketPath(pid int) string {
+	return filepath.Join("/proc", strconv.Itoa(pid), "root", SocketPath)
+}
+
+// RunAt is Run against the pod init's socket at sock (HostSocketPath):
+// the daemon's shortcut past nsenter and /opt/stager/run. An error of
+// category Unavailable means nothing was started.
+func RunAt(ctx context.Context, sock, app string, s *stagerspec.RunSettings, stdin, stdout, stderr *os.File) (int, error) {
+	c, err := dial(sock)
 	if err != nil {
 		return 0, err
 	}

@@ -169,12 +169,21 @@ func (s *initServer) setup(start request) error {
 	}
 	// Our mount namespace is a copy of the stager's; keep what we mount
 	// here (the pod's /proc) from propagating back.
-	_ = unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, "")
+	prop := uintptr(unix.MS_PRIVATE)
+	if start.Slave {
+		prop = unix.MS_SLAVE // still nothing flows back
+	}
+	_ = unix.Mount("", "/", "", unix.MS_REC|prop, "")
 	for _, p := range start.Plan {
-		_ = unix.Mount("", p.Rootfs, "", unix.MS_REC|unix.MS_PRIVATE, "")
+		_ = unix.Mount("", p.Rootfs, "", unix.MS_REC|prop, "")
 		target := filepath.Join(p.Rootfs, "proc")
 		if err := unix.Mount("proc", target, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			return fmt.Errorf("app %q: mount proc: %w", p.Name, err)
+		}
+		if !p.ProcSysRW {
+			if err := readOnlyProcSys(p.Rootfs); err != nil {
+				return fmt.Errorf("app %q: %w", p.Name, err)
+			}
 		}
 	}
 	return nil
@@ -318,6 +327,9 @@ func (s *initServer) startApp(p AppPlan) (retErr error) {
 	s.apps[p.Name] = a
 	s.order = append(s.order, p.Name)
 	s.mu.Unlock()
+	if p.Stdin != nil && stdinW != nil && !p.TTY {
+		feedStdin(s, a, p.Stdin)
+	}
 	if errR == nil {
 		a.closed = 1 // a terminal is a single stream
 	} else {

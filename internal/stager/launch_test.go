@@ -212,6 +212,7 @@ type podApp struct {
 	mountShared string
 	tty         bool
 	isolators   []appc.Isolator
+	annotations []appc.Annotation
 }
 
 // podOpts configures newPod.
@@ -223,6 +224,8 @@ type podOpts struct {
 	// pid1 starts the stager as PID 1 of new PID, IPC and UTS namespaces,
 	// as kurmad does: it is then the pod's init itself.
 	pid1 bool
+	// annotations of the pod manifest
+	annotations []appc.Annotation
 }
 
 // newPod builds a stager root for apps and launches the stager on it.
@@ -268,7 +271,8 @@ func newPod(t *testing.T, o podOpts, apps ...podApp) *pod {
 		Name:         name,
 		Pod: appc.PodManifest{
 			ACKind: appc.KindPodManifest, ACVersion: appc.ACVersion,
-			Volumes: []appc.Volume{{Name: "shared", Kind: "empty"}},
+			Volumes:     []appc.Volume{{Name: "shared", Kind: "empty"}},
+			Annotations: o.annotations,
 		},
 		Images: map[string]appc.ImageManifest{
 			order[0]: {ACKind: appc.KindImageManifest, ACVersion: appc.ACVersion, Name: "kstg/top",
@@ -284,6 +288,7 @@ func newPod(t *testing.T, o podOpts, apps ...podApp) *pod {
 		if a.tty {
 			ra.Annotations = []appc.Annotation{{Name: "kurma.dev/tty", Value: "true"}}
 		}
+		ra.Annotations = append(ra.Annotations, a.annotations...)
 		if a.mountShared != "" {
 			ra.Mounts = []appc.Mount{{Volume: "shared", Path: a.mountShared}}
 		}

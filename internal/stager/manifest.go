@@ -137,6 +137,12 @@ type AppPlan struct {
 	Cols uint16 `json:"cols,omitempty"`
 	// Priv bounds the capabilities of the app's processes (caps.go).
 	Priv Privileges `json:"priv"`
+	// Stdin is what the app's main reads on stdin before EOF
+	// (StdinAnnotation); nil keeps stdin open for attach.
+	Stdin []byte `json:"stdin,omitempty"`
+	// ProcSysRW leaves the app's /proc/sys writable
+	// (HostPrivilegedAnnotation).
+	ProcSysRW bool `json:"procSysRW,omitempty"`
 }
 
 // TTYAnnotation on a pod app ("true") gives the app a terminal as its
@@ -305,6 +311,13 @@ func planApp(m *stagerspec.Manifest, ra appc.RuntimeApp, rootfs string) (AppPlan
 	}
 	argv := append([]string{exe}, def.Exec[1:]...)
 	plan := AppPlan{Name: ra.Name, Rootfs: rootfs, Exec: argv, Env: env, Dir: dir, ID: id, TTY: tty, Priv: priv}
+	if plan.Stdin, err = appStdin(ra); err != nil {
+		return AppPlan{}, err
+	}
+	if plan.Stdin != nil && tty {
+		return AppPlan{}, kerrors.New(kerrors.Invalid, "app %q: %s and a terminal exclude each other", ra.Name, StdinAnnotation)
+	}
+	plan.ProcSysRW = appAnnotation(ra, HostPrivilegedAnnotation) == "true"
 	if tty {
 		plan.Rows, plan.Cols = ttySize(ra)
 	}

@@ -34,7 +34,10 @@ type request struct {
 	Settings *stagerspec.RunSettings `json:"settings,omitempty"`
 	Plan     []AppPlan               `json:"plan,omitempty"`
 	Hostname string                  `json:"hostname,omitempty"`
-	GraceNS  int64                   `json:"graceNS,omitempty"`
+	// Slave (start only): make init's mounts rslave, not rprivate
+	// (VolumePropagationAnnotation).
+	Slave   bool  `json:"slave,omitempty"`
+	GraceNS int64 `json:"graceNS,omitempty"`
 	// LogMaxBytes is the app log rotation size (start only).
 	LogMaxBytes int64 `json:"logMaxBytes,omitempty"`
 	// CloseStdin (attach only): init hands its own end of the app's stdin

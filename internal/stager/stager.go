@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"kurma.dev/kurma/pkg/appc"
 	"log/slog"
 	"net"
 	"os"
@@ -60,7 +61,7 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		if err := shareMount(AppsDir); err != nil {
 			return err
 		}
-		if pi, err = execInit(); err != nil {
+		if pi, err = execInit(m.Pod); err != nil {
 			return err
 		}
 		defer pi.ctl.Close()
@@ -105,7 +106,8 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		}()
 	}
 	ctl := pi.ctl
-	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: m.Name, LogMaxBytes: cfg.LogMaxBytes}); err != nil {
+	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: podHostname(m.Pod, m.Name), LogMaxBytes: cfg.LogMaxBytes,
+		Slave: podAnnotation(m.Pod, VolumePropagationAnnotation) == "rslave"}); err != nil {
 		return fmt.Errorf("pod init: %w", err)
 	}
 	var resp response
@@ -149,7 +151,7 @@ type podInit struct {
 
 // execInit starts init as a re-execution of this binary in new PID, IPC,
 // UTS and mount namespaces.
-func execInit() (*podInit, error) {
+func execInit(m appc.PodManifest) (*podInit, error) {
 	// Pdeathsig belongs to the thread that starts init: keep it.
 	runtime.LockOSThread()
 	ctl, child, err := socketpair()
@@ -166,7 +168,7 @@ func execInit() (*podInit, error) {
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWNS,
+		Cloneflags: initCloneFlags(m),
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/pod"
 	"kurma.dev/kurma/internal/testutil"
 )
@@ -117,6 +118,9 @@ func (d *daemon) start() {
 	defer lf.Close()
 	cmd := exec.Command(d.b.kurmad, append([]string{"--config", d.cfg, "--log-level", "debug"}, d.args...)...)
 	cmd.Stdout, cmd.Stderr = lf, lf
+	// The pods' netns references for the networking pod: one dir per
+	// daemon, released by cleanup.
+	cmd.Env = append(os.Environ(), "KURMA_NETNS_DIR="+d.netnsDir())
 	must(d.t, cmd.Start())
 	d.cmd = cmd
 	deadline := time.Now().Add(15 * time.Second)
@@ -169,6 +173,9 @@ func (d *daemon) cleanup() {
 	if d.cmd != nil {
 		out, _, _ := d.kurma("ps", "-a", "-q")
 		for _, u := range strings.Fields(out) {
+			if d.isNetPod(u) {
+				continue // kurmad removes it when it stops
+			}
 			if _, stderr, code := d.kurma("rm", "-f", u); code != 0 {
 				t.Errorf("cleanup: rm -f %s: %s", u, stderr)
 			}
@@ -176,6 +183,14 @@ func (d *daemon) cleanup() {
 		if err := d.stop(); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
+	}
+	if ents, err := os.ReadDir(d.netnsDir()); err == nil {
+		for _, e := range ents {
+			t.Errorf("leaked after the test: netns reference %s", e.Name())
+		}
+	}
+	if err := manager.ReleaseNetNSDir(d.netnsDir()); err != nil {
+		t.Errorf("cleanup: %v", err)
 	}
 	leaks := findLeaks(d.dir)
 	if ents, err := os.ReadDir(filepath.Join(d.dir, "pods")); err == nil {
@@ -193,6 +208,20 @@ func (d *daemon) cleanup() {
 	if err := os.RemoveAll(d.dir); err != nil {
 		t.Errorf("remove %s: %v", d.dir, err)
 	}
+}
+
+// netnsDir is this daemon's KURMA_NETNS_DIR.
+func (d *daemon) netnsDir() string { return filepath.Join(d.dir, "netns") }
+
+// isNetPod reports whether the pod with this UUID is kurmad's networking
+// pod.
+func (d *daemon) isNetPod(uuid string) bool {
+	out, _, code := d.kurma("inspect", uuid)
+	if code != 0 {
+		return false
+	}
+	var ps []struct{ Name string }
+	return json.Unmarshal([]byte(out), &ps) == nil && len(ps) == 1 && ps[0].Name == manager.DefaultNetPodName
 }
 
 // findLeaks lists mounts under dir and processes whose root or working

@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"kurma.dev/kurma/internal/network/manager"
+	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -74,19 +75,23 @@ func TestNetworkE2E(t *testing.T) {
 		{name: "knmb", iface: "eth{{.Index}}"},
 		{name: "knmc", iface: "eth0"},
 	}
-	ipam := t.TempDir()
+	// host-local keeps its store in the plugin's state volume:
+	// <kurmad dir>/network/<network>/ipam/<network> on the host.
+	ipamDir := netconf.PluginStateDir + "/ipam"
 	var entries []string
 	for i := range nets {
 		nets[i].bridge = testutil.UniqueName("knm")
 		nets[i].subnet = fmt.Sprintf("10.178.%d.0/24", (int(r[0])+i)%256)
-		entries = append(entries, nets[i].entry("file://"+aci, ipam))
+		entries = append(entries, nets[i].entry("file://"+aci, ipamDir))
 		br := nets[i].bridge
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", br).Run() })
 	}
 	// knmbad's image (busybox) does not declare host privilege: refused.
 	bad := knmNet{name: "knmbad", iface: "eth5", bridge: testutil.UniqueName("knm"), subnet: "10.178.255.0/28"}
-	entries = append(entries, bad.entry(src.aci, ipam))
+	entries = append(entries, bad.entry(src.aci, ipamDir))
+	hostname, _ := os.Hostname()
 	d := startDaemon(t, b, "pod_networks: ["+strings.Join(entries, ", ")+"]\n")
+	var mains []int
 
 	t.Run("net-ls", func(t *testing.T) {
 		eventually(t, 30*time.Second, func() error {
@@ -107,6 +112,8 @@ func TestNetworkE2E(t *testing.T) {
 		if out := d.ok(t, "net", "ls"); !strings.Contains(out, "knma") || !strings.Contains(out, "true") {
 			t.Fatalf("net ls table:\n%s", out)
 		}
+		// Pod mode: three plugin containers (knmbad's image is refused).
+		mains = checkNetPod(t, d, hostname, 3)
 	})
 
 	t.Run("two-pods-tcp", func(t *testing.T) {
@@ -116,6 +123,8 @@ func TestNetworkE2E(t *testing.T) {
 		d.ok(t, "run", "-d", "--name", p2, src.aci, "sleep", "1000")
 		t.Cleanup(func() { d.kurma("rm", "-f", p2) })
 		a1, a2 := attachments(t, d, p1), attachments(t, d, p2)
+		// p2's namespace was made after the networking pod started.
+		netRefVisible(t, d, d.inspect(t, p2), mains)
 		if len(a1) != 1 || a1[0].Network != "knma" || a1[0].Interface != "eth0" || a1[0].Result == nil || len(a1[0].Result.IPs) != 1 {
 			t.Fatalf("inspect %s networks: %+v", p1, a1)
 		}
@@ -210,6 +219,10 @@ func TestNetworkE2E(t *testing.T) {
 			seen[ip] = true
 			nss = append(nss, d.inspect(t, name).NetNS)
 		}
+		// The reservations live in the plugin's state volume on the host.
+		if ents, err := os.ReadDir(filepath.Join(d.dir, "network", "knma", "ipam", "knma")); err != nil || len(ents) < n {
+			t.Errorf("host-local store in the state volume: %d entries, %v", len(ents), err)
+		}
 		if ports := bridgePortCount(t, nets[0].bridge); ports != n {
 			t.Errorf("bridge has %d ports, want %d", ports, n)
 		}
@@ -229,12 +242,47 @@ func TestNetworkE2E(t *testing.T) {
 		if ports := bridgePortCount(t, nets[0].bridge); ports != 0 {
 			t.Errorf("%d ports left after rm", ports)
 		}
-		ents, _ := os.ReadDir(filepath.Join(ipam, "knma"))
+		ents, _ := os.ReadDir(filepath.Join(d.dir, "network", "knma", "ipam", "knma"))
 		for _, e := range ents {
 			if net.ParseIP(e.Name()) != nil {
 				t.Errorf("IP reservation %s left after rm", e.Name())
 			}
 		}
+	})
+
+	t.Run("plugin-main-dies", func(t *testing.T) {
+		// Kill knma's main (the first app): knma fails, the pod is
+		// replaced after a backoff, and pods attach again.
+		mains := pluginMains(t, d)
+		var knma int
+		for _, pid := range mains {
+			if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil && strings.Contains(string(env), "AC_APP_NAME=knma\x00") {
+				knma = pid
+			}
+		}
+		if knma == 0 {
+			t.Fatalf("no main of knma among %v", mains)
+		}
+		// A pod attached before the restart: its netns reference was bound
+		// before the new networking pod started and must be there too.
+		old := testutil.UniqueName("knm")
+		d.ok(t, "run", "-d", "--name", old, src.aci, "sleep", "1000")
+		t.Cleanup(func() { d.kurma("rm", "-f", old) })
+		killPluginMain(t, d, "knma", knma)
+		mains = checkNetPod(t, d, hostname, 3)
+		netRefVisible(t, d, d.inspect(t, old), mains)
+		d.ok(t, "rm", "-f", old)
+		if ports := bridgePortCount(t, nets[0].bridge); ports != 0 {
+			t.Errorf("%d ports left after removing a pod attached before the restart", ports)
+		}
+		p := testutil.UniqueName("knm")
+		d.ok(t, "run", "-d", "--name", p, src.aci, "sleep", "1000")
+		t.Cleanup(func() { d.kurma("rm", "-f", p) })
+		if a := attachments(t, d, p); len(a) != 1 || a[0].Result == nil {
+			t.Fatalf("attachments after recovery %+v", a)
+		}
+		netRefVisible(t, d, d.inspect(t, p), mains)
+		d.ok(t, "rm", "-f", p)
 	})
 
 	t.Run("two-networks", func(t *testing.T) {
@@ -272,8 +320,19 @@ func TestNetworkE2E(t *testing.T) {
 		d.ok(t, "run", "-d", "--name", p, src.aci, "sleep", "1000")
 		t.Cleanup(func() { d.kurma("rm", "-f", p) })
 		before := attachments(t, d, p)
+		np := d.inspect(t, manager.DefaultNetPodName)
 		d.kill9()
 		d.start()
+		// The networking pod is adopted, not duplicated or replaced.
+		eventually(t, 20*time.Second, func() error {
+			if n := netList(t, d)["knma"]; n.State != "running" {
+				return fmt.Errorf("knma %+v", n)
+			}
+			return nil
+		})
+		if np2 := d.inspect(t, manager.DefaultNetPodName); np2.UUID != np.UUID || np2.StagerPID != np.StagerPID {
+			t.Errorf("networking pod after restart %s/%d, before %s/%d", np2.UUID, np2.StagerPID, np.UUID, np.StagerPID)
+		}
 		after := attachments(t, d, p)
 		if len(after) != 1 || !after[0].Result.IPs[0].Address.IP.Equal(before[0].Result.IPs[0].Address.IP) {
 			t.Fatalf("attachments after restart %+v, before %+v", after, before)
@@ -282,7 +341,7 @@ func TestNetworkE2E(t *testing.T) {
 		if ports := bridgePortCount(t, nets[0].bridge); ports != 0 {
 			t.Errorf("%d ports left after rm following a restart", ports)
 		}
-		ents, _ := os.ReadDir(filepath.Join(ipam, "knma"))
+		ents, _ := os.ReadDir(filepath.Join(d.dir, "network", "knma", "ipam", "knma"))
 		for _, e := range ents {
 			if net.ParseIP(e.Name()) != nil {
 				t.Errorf("IP reservation %s left", e.Name())

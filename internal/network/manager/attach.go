@@ -73,13 +73,20 @@ func (m *Manager) Attach(ctx context.Context, p *pod.Pod) (_ []json.RawMessage, 
 	}
 	unlock := m.lockPod(p.UUID)
 	defer unlock()
+	cp, err := m.netnsRef(p, false)
+	if err != nil {
+		return nil, err
+	}
 
 	var done []Attachment
 	defer func() {
 		if retErr != nil && len(done) > 0 {
-			if err := m.delAll(p, done); err != nil {
+			if err := m.delAll(cp, done); err != nil {
 				m.log.Warn("roll back pod networks", "pod", p.UUID, "err", err)
 			}
+		}
+		if retErr != nil {
+			m.dropNetNSRef(p)
 		}
 	}()
 	out := make([]json.RawMessage, 0, len(nets))
@@ -90,7 +97,7 @@ func (m *Manager) Attach(ctx context.Context, p *pod.Pod) (_ []json.RawMessage, 
 		if err != nil {
 			return nil, err
 		}
-		res, err := m.add(ctx, p, n, names[i])
+		res, err := m.add(ctx, cp, n, names[i])
 		if err != nil {
 			// The failing add may have left part of its work behind.
 			done = append(done, Attachment{Network: n.Name, Interface: names[i]})
@@ -123,7 +130,13 @@ func (m *Manager) Detach(ctx context.Context, p *pod.Pod) error {
 	}
 	unlock := m.lockPod(p.UUID)
 	defer unlock()
-	return m.delAll(p, atts)
+	cp, err := m.netnsRef(p, true)
+	if err != nil {
+		return err
+	}
+	err = m.delAll(cp, atts)
+	m.dropNetNSRef(p)
+	return err
 }
 
 // delAll runs del for atts in reverse order on a detached context.

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -13,6 +15,7 @@ import (
 
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/stager"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 
@@ -45,16 +48,110 @@ type PodCaller struct {
 	Pods pod.Manager
 	// Pod is the networking pod's name or UUID.
 	Pod string
+	// Apps maps a network to its app (AppNames); a network missing from
+	// it is its own app's name.
+	Apps map[string]string
+	// NoDirect always uses the run call-in (benchmarks, tests).
+	NoDirect bool
+}
+
+// direct runs the call through the default stager's init socket. ok is
+// false when that is not possible and nothing was started.
+func (c *PodCaller) direct(ctx context.Context, app string, s *stagerspec.RunSettings, stdin []byte) (_ Output, ok bool, _ error) {
+	p, err := c.Pods.Get(ctx, c.Pod)
+	if err != nil || p.State != pod.Running || p.StagerPID <= 0 {
+		return Output{}, false, nil
+	}
+	sock := stager.HostSocketPath(p.StagerPID)
+	if _, err := os.Stat(sock); err != nil {
+		return Output{}, false, nil
+	}
+	var files []*os.File
+	defer func() { closeFiles(files) }()
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return Output{}, false, nil
+	}
+	files = append(files, inR, inW)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return Output{}, false, nil
+	}
+	files = append(files, outR, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return Output{}, false, nil
+	}
+	files = append(files, errR, errW)
+	var out, errb limitedBuffer
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); _, _ = inW.Write(stdin); inW.Close() }()
+	go func() { defer wg.Done(); _, _ = io.Copy(&out, outR) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(&errb, errR) }()
+	code, err := stager.RunAt(ctx, sock, app, s, inR, outW, errW)
+	if errors.Is(err, kerrors.Unavailable) && ctx.Err() == nil {
+		inR.Close()
+		outW.Close()
+		errW.Close()
+		outR.Close()
+		errR.Close()
+		wg.Wait()
+		return Output{}, false, nil
+	}
+	// Our copies of the process's ends: its output ends when it does.
+	inR.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		// Killed (the init kills the process group when we hang up):
+		// do not wait for output of a process tree that may linger.
+		outR.Close()
+		errR.Close()
+	}
+	copied := make(chan struct{})
+	go func() { wg.Wait(); close(copied) }()
+	select {
+	case <-copied:
+	case <-time.After(2 * time.Second):
+		// Something the call started still holds its output open.
+		outR.Close()
+		errR.Close()
+		<-copied
+	}
+	o := Output{Stdout: out.Bytes(), Stderr: errb.Bytes(), Code: code}
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return o, true, err
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
+	}
 }
 
 var _ Caller = (*PodCaller)(nil)
 
-// Call implements Caller.
+// Call implements Caller. With the default stager it talks to the pod
+// init's socket directly (stager.RunAt through /proc/<stager>/root: the
+// same run request /opt/stager/run makes, without starting nsenter and
+// the call-in); with another stager, or when that socket is unreachable,
+// it uses the run call-in (pod.Manager.Exec).
 func (c *PodCaller) Call(ctx context.Context, network, verb string, args []string, stdin []byte) (Output, error) {
+	app := network
+	if a, ok := c.Apps[network]; ok {
+		app = a
+	}
+	settings := stagerspec.RunSettings{Exec: append([]string{"/opt/network/" + verb}, args...), User: "0", Group: "0"}
+	if !c.NoDirect {
+		if o, ok, err := c.direct(ctx, app, &settings, stdin); ok {
+			return o, err
+		}
+	}
 	var out, errb limitedBuffer
-	code, err := c.Pods.Exec(ctx, c.Pod, network, stagerspec.RunSettings{
-		Exec: append([]string{"/opt/network/" + verb}, args...), User: "0", Group: "0",
-	}, pod.IO{Stdin: bytes.NewReader(stdin), Stdout: &out, Stderr: &errb})
+	code, err := c.Pods.Exec(ctx, c.Pod, app, settings, pod.IO{Stdin: bytes.NewReader(stdin), Stdout: &out, Stderr: &errb})
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err()
 	}

@@ -12,7 +12,8 @@
 // by tests, the benchmark and host mode), hostmode.go (host mode: plugin
 // images pulled, checked for kurma.dev/host-privileged and run from their
 // extracted root), hostmain.go (a plugin's main executable supervised as a
-// host process), netpod.go (the networking pod supervisor, pod mode).
+// host process), netpod.go (the networking pod supervisor, pod mode),
+// netnsdir.go (the shared netns folder and the per-pod references).
 //
 // Locking: Manager.mu guards states and podLocks and is never held across a
 // plugin call. Calls for one pod are serialised by that pod's podLock (taken
@@ -27,6 +28,17 @@
 // the stager root's writable layer as /etc/resolv.conf, which the stager
 // copies into each app when it starts them.
 //
-// This package must never import the API server, the CLI or the stager; it
-// imports the pod manager's types only for pod.Networker and pod.Manager.
+// This package must never import the API server or the CLI. It imports the
+// pod manager's types for pod.Networker and pod.Manager, and the stager
+// package only for its init-socket client (stager.RunAt), the PodCaller's
+// shortcut past nsenter and /opt/stager/run (a process start less per call;
+// bench/netattach -mode pod shows the difference).
+//
+// Pod mode (the default): the Supervisor keeps the networking pod
+// (kurma-networking) running: host net/IPC/UTS, one app per network with
+// the config on stdin and host privilege when the image declares it, the
+// netns folder (Options.NetNSDir, PrepareNetNSDir) mounted at the same path
+// with slave propagation and a persistent state folder per network. Attach
+// binds each pod's namespace under NetNSDir (netnsdir.go) and Detach
+// removes it after the last del.
 package manager

@@ -7,28 +7,17 @@ import (
 	"path/filepath"
 
 	"kurma.dev/kurma/internal/image"
+	"kurma.dev/kurma/internal/pod"
 	"kurma.dev/kurma/pkg/appc"
 )
 
 // HostPrivileged is the label or annotation by which a plugin image
 // declares that it needs host privilege.
-const HostPrivileged = "kurma.dev/host-privileged"
+const HostPrivileged = pod.HostPrivilegedLabel
 
 // IsHostPrivileged reports whether an image manifest declares
 // kurma.dev/host-privileged=true, as an annotation or as a label.
-func IsHostPrivileged(m appc.ImageManifest) bool {
-	for _, a := range m.Annotations {
-		if a.Name == HostPrivileged && a.Value == "true" {
-			return true
-		}
-	}
-	for _, l := range m.Labels {
-		if l.Name == HostPrivileged && l.Value == "true" {
-			return true
-		}
-	}
-	return false
-}
+func IsHostPrivileged(m appc.ImageManifest) bool { return pod.ImageDeclaresHostPrivilege(m) }
 
 // PrepareHostPlugins is host mode: for each network it pulls the plugin
 // image into the store, checks that the image declares host privilege,

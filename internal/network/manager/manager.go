@@ -45,6 +45,11 @@ type Options struct {
 	// InitialState is every network's state before a supervisor reports
 	// on it: Running when empty (a HostCaller needs no container).
 	InitialState State
+	// NetNSDir, when set, is where each pod's network namespace is bound
+	// (<NetNSDir>/<pod UUID>) for the duration of its attachment; that
+	// path is the NETNS_PATH of the calls. The networking pod mounts the
+	// dir at the same path (PrepareNetNSDir). Empty: the pod's own NetNS.
+	NetNSDir string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -160,6 +165,29 @@ func (m *Manager) waitRunning(ctx context.Context, name string) error {
 		select {
 		case <-ctx.Done():
 			return kerrors.New(kerrors.Unavailable, "network %q is still starting: %v", name, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// CallTimeout is the bound of one add or del call.
+func (m *Manager) CallTimeout() time.Duration { return m.opts.CallTimeout }
+
+// WaitSettled waits until no network is Starting, or ctx ends.
+func (m *Manager) WaitSettled(ctx context.Context) {
+	for {
+		m.mu.Lock()
+		starting, ch := false, m.changed
+		for _, st := range m.states {
+			starting = starting || st.State == Starting
+		}
+		m.mu.Unlock()
+		if !starting {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
 		case <-ch:
 		}
 	}

@@ -38,6 +38,15 @@ func (f *fakePods) Create(ctx context.Context, spec pod.Spec) (*pod.Pod, error) 
 	return &pod.Pod{Name: spec.Name}, nil
 }
 
+func (f *fakePods) Get(ctx context.Context, ref string) (*pod.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.exists {
+		return nil, kerrors.New(kerrors.NotFound, "no pod %s", ref)
+	}
+	return &pod.Pod{Name: f.spec.Name, State: pod.Running, Spec: f.spec}, nil
+}
+
 func (f *fakePods) Status(ctx context.Context, ref string) (stagerspec.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -129,8 +138,66 @@ func TestSupervisorRestartsFailedPlugin(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	// Run leaves the pod for the next kurmad, which adopts it.
+	if _, exists := fp.count(); !exists {
+		t.Fatal("networking pod removed when the supervisor ended")
+	}
+	ctx2, cancel2 := context.WithCancel(t.Context())
+	defer cancel2()
+	go func() { done <- s.Run(ctx2) }()
+	waitFor(t, "adopted", func() bool { return state(0).State == manager.Running && state(1).State == manager.Running })
+	if n, _ := fp.count(); n != 2 {
+		t.Errorf("creates after adoption: %d, want 2", n)
+	}
+	cancel2()
+	<-done
+	s.Stop(t.Context())
 	if _, exists := fp.count(); exists {
-		t.Error("networking pod left after stop")
+		t.Error("networking pod left after Stop")
+	}
+}
+
+func TestNetPodSpec(t *testing.T) {
+	nets := []netconf.Network{
+		{Name: "knp_A", ACI: "file:///a.aci", Config: json.RawMessage(`{"a":1}`)},
+		{Name: "knpb", ACI: "file:///b.aci", Config: json.RawMessage(`{"b":2}`)},
+	}
+	m, err := manager.New(manager.Options{Networks: nets, Caller: &manager.HostCaller{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := manager.NewSupervisor(manager.SupervisorOptions{Pods: &fakePods{}, Manager: m,
+		NetNSDir: "/run/knp/netns", StateDir: "/var/lib/knp/network"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := s.Spec()
+	if !spec.HostIPC || !spec.HostUTS || !spec.VolumePropagation || spec.Networks[0] != "host" {
+		t.Errorf("host namespaces/propagation: %+v", spec)
+	}
+	if spec.Reserved() == "" {
+		t.Error("the networking pod's spec should use reserved options")
+	}
+	if spec.Apps[0].Name != "net-0" || spec.Apps[1].Name != "knpb" {
+		t.Errorf("app names %q %q", spec.Apps[0].Name, spec.Apps[1].Name)
+	}
+	a := spec.Apps[0]
+	if string(a.Stdin) != `{"a":1}` || !a.HostPrivileged {
+		t.Errorf("app 0: stdin %q privileged %v", a.Stdin, a.HostPrivileged)
+	}
+	want := map[string]string{"/run/knp/netns": "/run/knp/netns", netconf.PluginStateDir: "/var/lib/knp/network/knp_A"}
+	vols := map[string]string{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = v.Source
+	}
+	for _, mt := range a.Mounts {
+		if want[mt.Path] != vols[mt.Volume] {
+			t.Errorf("mount %s: volume source %q, want %q", mt.Path, vols[mt.Volume], want[mt.Path])
+		}
+		delete(want, mt.Path)
+	}
+	if len(want) != 0 {
+		t.Errorf("missing mounts %v", want)
 	}
 }
 
