@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/test/cniconformance/mpenv"
@@ -48,7 +50,7 @@ func TestMizarmpNetworkE2E(t *testing.T) {
 	}
 	mode := os.Getenv("KURMA_NETWORK_MODE")
 	if mode == "" {
-		mode = "host (kurmad's default)"
+		mode = "pod (kurmad's default)"
 	}
 	t.Logf("network mode: %s", mode)
 	src := serveBusybox(t)
@@ -122,7 +124,7 @@ func TestMizarmpNetworkE2E(t *testing.T) {
 			t.Fatalf("pod %s has %s, which no controller port has: %+v", name, ip, ports)
 		}
 		p := ports[i]
-		if p.Status != controllerapi.StatusUp || p.VethName != "eth0" || p.NetworkNS != pd.NetNS || p.DeviceID != pd.UUID {
+		if p.Status != controllerapi.StatusUp || p.VethName != "eth0" || !sameNetNS(p.NetworkNS, pd.NetNS) || p.DeviceID != pd.UUID {
 			t.Errorf("port of pod %s (uuid %s, netns %s): status %s veth %s netns %s device %s",
 				name, pd.UUID, pd.NetNS, p.Status, p.VethName, p.NetworkNS, p.DeviceID)
 		}
@@ -163,6 +165,17 @@ func TestMizarmpNetworkE2E(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// sameNetNS tells whether two paths reference the same network namespace
+// (in pod mode the plugin sees the pod's namespace through kurmad's netns
+// directory, not through the pod's own reference).
+func sameNetNS(a, b string) bool {
+	var sa, sb unix.Stat_t
+	if unix.Stat(a, &sa) != nil || unix.Stat(b, &sb) != nil {
+		return false
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
 }
 
 // agentLinks lists the host's links whose name starts with prefix.
