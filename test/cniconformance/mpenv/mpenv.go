@@ -260,5 +260,8 @@ func (e *Env) removeAgentState() {
 			}
 		}
 	}
-	_ = exec.Command("nft", "delete", "table", "inet", e.opts.NFTTable).Run()
+	// The agent's isolation (inet) and port-guard (bridge) tables.
+	for _, family := range []string{"inet", "bridge"} {
+		_ = exec.Command("nft", "delete", "table", family, e.opts.NFTTable).Run()
+	}
 }
