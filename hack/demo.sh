@@ -46,6 +46,9 @@ made_state=; made_run=; made_bridge=; made_ipam=
 # The default network's bridge and IPAM store: removed again if we made them.
 ip link show kurma0 >/dev/null 2>&1 || made_bridge=1
 [ -e /var/lib/kurma-network ] || made_ipam=1
+# The upstream bridge plugin (ipMasq) makes this shared table and never
+# removes it; remove it afterwards if the demo made it.
+nft list table inet cni_plugins_masquerade >/dev/null 2>&1 || made_masq=1
 LOG=$(mktemp /tmp/kurmad-demo.XXXXXX.log)
 KPID=
 cleanup() {
@@ -65,6 +68,7 @@ cleanup() {
   [ -n "$made_run" ] && { umount /run/kurma/netns 2>/dev/null; rm -rf /run/kurma; }
   [ -n "$made_bridge" ] && ip link del kurma0 2>/dev/null
   [ -n "$made_ipam" ] && rm -rf /var/lib/kurma-network
+  [ -n "$made_masq" ] && nft delete table inet cni_plugins_masquerade 2>/dev/null
   rm -f "$LOG"
   exit $rc
 }
