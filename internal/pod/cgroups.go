@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/mountinfo"
 )
 
 // cgroupMount is one cgroup hierarchy mounted on the host (v1 controller,
@@ -62,31 +64,12 @@ func parseMountInfo(r io.Reader) ([]mountInfo, error) {
 			continue
 		}
 		id, _ := strconv.Atoi(fields[0])
-		out = append(out, mountInfo{ID: id, Point: unescapeMount(fields[4]), FSType: fields[sep+1]})
+		out = append(out, mountInfo{ID: id, Point: mountinfo.Unescape(fields[4]), FSType: fields[sep+1]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func findCgroupMounts() ([]cgroupMount, error) {

@@ -8,26 +8,7 @@ import (
 
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
-)
-
-// Annotations of the stager manifest that carry the daemon-only options of
-// a Spec and an AppSpec's Stdin to the stager (docs/stager.md).
-const (
-	// StdinAnnotation on a RuntimeApp: base64 (standard, padded) of what
-	// the app's main executable reads on stdin before EOF.
-	StdinAnnotation = "kurma.dev/stdin"
-	// HostIPCAnnotation and HostUTSAnnotation on the pod ("true"): the pod
-	// init stays in the host's IPC / UTS namespace; with UTS the stager
-	// sets no hostname.
-	HostIPCAnnotation = "kurma.dev/host-ipc"
-	HostUTSAnnotation = "kurma.dev/host-uts"
-	// VolumePropagationAnnotation on the pod ("rslave"): the pod init and
-	// its apps keep their mounts slaves of the stager's (which are slaves
-	// of the host's) instead of making them private.
-	VolumePropagationAnnotation = "kurma.dev/volume-propagation"
-	// HostPrivilegedAnnotation on a RuntimeApp ("true"): the app gets a
-	// writable /proc/sys (other apps get it read-only).
-	HostPrivilegedAnnotation = "kurma.dev/host-privileged"
+	"kurma.dev/kurma/pkg/stagerspec"
 )
 
 // HostPrivilegedLabel is the label or annotation by which an image declares
@@ -77,13 +58,13 @@ func hostAccess(m *appc.PodManifest, spec Spec, a *AppSpec, ra *appc.RuntimeApp,
 			m.Annotations = append(m.Annotations, appc.Annotation{Name: name, Value: value})
 		}
 		if spec.HostIPC {
-			add(HostIPCAnnotation, "true")
+			add(stagerspec.HostIPCAnnotation, "true")
 		}
 		if spec.HostUTS {
-			add(HostUTSAnnotation, "true")
+			add(stagerspec.HostUTSAnnotation, "true")
 		}
 		if spec.VolumePropagation {
-			add(VolumePropagationAnnotation, "rslave")
+			add(stagerspec.VolumePropagationAnnotation, "rslave")
 		}
 		return nil
 	}
@@ -91,7 +72,7 @@ func hostAccess(m *appc.PodManifest, spec Spec, a *AppSpec, ra *appc.RuntimeApp,
 		if a.TTY {
 			return kerrors.New(kerrors.Invalid, "app %s: stdin content and a terminal exclude each other", a.Name)
 		}
-		ra.Annotations = append(ra.Annotations, appc.Annotation{Name: StdinAnnotation, Value: base64.StdEncoding.EncodeToString(a.Stdin)})
+		ra.Annotations = append(ra.Annotations, appc.Annotation{Name: stagerspec.StdinAnnotation, Value: base64.StdEncoding.EncodeToString(a.Stdin)})
 	}
 	if a.HostPrivileged && ImageDeclaresHostPrivilege(img) {
 		v, err := json.Marshal(map[string][]string{"set": HostPrivilegedCaps})
@@ -107,7 +88,7 @@ func hostAccess(m *appc.PodManifest, spec Spec, a *AppSpec, ra *appc.RuntimeApp,
 			}
 		}
 		app.Isolators = append(kept, appc.Isolator{Name: isolatorCapsRetain, Value: v})
-		ra.Annotations = append(ra.Annotations, appc.Annotation{Name: HostPrivilegedAnnotation, Value: "true"})
+		ra.Annotations = append(ra.Annotations, appc.Annotation{Name: stagerspec.HostPrivilegedAnnotation, Value: "true"})
 	}
 	return nil
 }

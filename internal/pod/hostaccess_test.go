@@ -8,6 +8,7 @@ import (
 
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/stagerspec"
 )
 
 func TestHostAccess(t *testing.T) {
@@ -61,10 +62,10 @@ func TestHostAccess(t *testing.T) {
 			for _, a := range ra.Annotations {
 				ann[a.Name] = a.Value
 			}
-			if (ann[HostPrivilegedAnnotation] == "true") != tc.wantCaps {
+			if (ann[stagerspec.HostPrivilegedAnnotation] == "true") != tc.wantCaps {
 				t.Errorf("annotations %v", ann)
 			}
-			if got, _ := base64.StdEncoding.DecodeString(ann[StdinAnnotation]); string(got) != tc.wantStdin {
+			if got, _ := base64.StdEncoding.DecodeString(ann[stagerspec.StdinAnnotation]); string(got) != tc.wantStdin {
 				t.Errorf("stdin %q, want %q", got, tc.wantStdin)
 			}
 		})

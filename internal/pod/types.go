@@ -30,7 +30,7 @@ type AppSpec struct {
 	// default: whatever the stager gives).
 	TTYSize *TermSize `json:"ttySize,omitempty"`
 	// Stdin, when set, is what the app's main executable reads on its
-	// stdin, followed by EOF (StdinAnnotation; not with TTY).
+	// stdin, followed by EOF (stagerspec.StdinAnnotation; not with TTY).
 	Stdin []byte `json:"stdin,omitempty"`
 	// HostPrivileged asks for host privilege (HostPrivilegedCaps and a
 	// writable /proc/sys), granted only when the app's image declares

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/internal/mountinfo"
 	"kurma.dev/kurma/pkg/appc"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
@@ -261,37 +262,10 @@ func mountsUnder(dir string) ([]string, error) {
 		if len(f) < 5 {
 			continue
 		}
-		mp := unescapeMount(f[4])
+		mp := mountinfo.Unescape(f[4])
 		if strings.HasPrefix(mp, dir+"/") {
 			out = append(out, mp)
 		}
 	}
 	return out, nil
-}
-
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -11,25 +11,7 @@ import (
 
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
-)
-
-// Annotations by which the daemon asks for what its networking pod needs
-// (docs/stager.md). The values match internal/pod's constants.
-const (
-	// StdinAnnotation on an app: base64 of what its main executable reads
-	// on stdin; init writes it, then closes the app's stdin (EOF).
-	StdinAnnotation = "kurma.dev/stdin"
-	// HostIPCAnnotation / HostUTSAnnotation on the pod ("true"): init is
-	// not given a new IPC / UTS namespace; with UTS no hostname is set.
-	HostIPCAnnotation = "kurma.dev/host-ipc"
-	HostUTSAnnotation = "kurma.dev/host-uts"
-	// VolumePropagationAnnotation on the pod ("rslave"): init and the apps
-	// keep their mounts slaves (not private), so mounts made later on the
-	// host under a shared host volume appear in the apps.
-	VolumePropagationAnnotation = "kurma.dev/volume-propagation"
-	// HostPrivilegedAnnotation on an app ("true"): its /proc/sys stays
-	// writable; every other app gets /proc/sys read-only.
-	HostPrivilegedAnnotation = "kurma.dev/host-privileged"
+	"kurma.dev/kurma/pkg/stagerspec"
 )
 
 // podAnnotation returns the value of a pod annotation, "" if absent.
@@ -51,15 +33,15 @@ func appAnnotation(ra appc.RuntimeApp, name string) string {
 	return ""
 }
 
-// appStdin decodes an app's StdinAnnotation (nil without one).
+// appStdin decodes an app's stagerspec.StdinAnnotation (nil without one).
 func appStdin(ra appc.RuntimeApp) ([]byte, error) {
-	v := appAnnotation(ra, StdinAnnotation)
+	v := appAnnotation(ra, stagerspec.StdinAnnotation)
 	if v == "" {
 		return nil, nil
 	}
 	b, err := base64.StdEncoding.DecodeString(v)
 	if err != nil {
-		return nil, kerrors.New(kerrors.Invalid, "app %q: annotation %s: %v", ra.Name, StdinAnnotation, err)
+		return nil, kerrors.New(kerrors.Invalid, "app %q: annotation %s: %v", ra.Name, stagerspec.StdinAnnotation, err)
 	}
 	return b, nil
 }
@@ -68,10 +50,10 @@ func appStdin(ra appc.RuntimeApp) ([]byte, error) {
 // namespaces always, new IPC and UTS unless the pod keeps the host's.
 func initCloneFlags(m appc.PodManifest) uintptr {
 	f := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWNS)
-	if podAnnotation(m, HostIPCAnnotation) != "true" {
+	if podAnnotation(m, stagerspec.HostIPCAnnotation) != "true" {
 		f |= syscall.CLONE_NEWIPC
 	}
-	if podAnnotation(m, HostUTSAnnotation) != "true" {
+	if podAnnotation(m, stagerspec.HostUTSAnnotation) != "true" {
 		f |= syscall.CLONE_NEWUTS
 	}
 	return f
@@ -80,7 +62,7 @@ func initCloneFlags(m appc.PodManifest) uintptr {
 // podHostname is the hostname init sets: none when the pod shares the
 // host's UTS namespace.
 func podHostname(m appc.PodManifest, name string) string {
-	if podAnnotation(m, HostUTSAnnotation) == "true" {
+	if podAnnotation(m, stagerspec.HostUTSAnnotation) == "true" {
 		return ""
 	}
 	return name

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/stagerspec"
 )
 
 // FuzzAppStdin: any annotation value decodes or fails cleanly, and what
@@ -15,7 +16,7 @@ func FuzzAppStdin(f *testing.F) {
 	f.Add("!!", []byte{0, 1, 2})
 	f.Add("", []byte(nil))
 	f.Fuzz(func(t *testing.T, v string, data []byte) {
-		ra := appc.RuntimeApp{Name: "a", Annotations: []appc.Annotation{{Name: StdinAnnotation, Value: v}}}
+		ra := appc.RuntimeApp{Name: "a", Annotations: []appc.Annotation{{Name: stagerspec.StdinAnnotation, Value: v}}}
 		_, _ = appStdin(ra)
 		ra.Annotations[0].Value = base64.StdEncoding.EncodeToString(data)
 		got, err := appStdin(ra)

@@ -138,10 +138,10 @@ type AppPlan struct {
 	// Priv bounds the capabilities of the app's processes (caps.go).
 	Priv Privileges `json:"priv"`
 	// Stdin is what the app's main reads on stdin before EOF
-	// (StdinAnnotation); nil keeps stdin open for attach.
+	// (stagerspec.StdinAnnotation); nil keeps stdin open for attach.
 	Stdin []byte `json:"stdin,omitempty"`
 	// ProcSysRW leaves the app's /proc/sys writable
-	// (HostPrivilegedAnnotation).
+	// (stagerspec.HostPrivilegedAnnotation).
 	ProcSysRW bool `json:"procSysRW,omitempty"`
 }
 
@@ -315,9 +315,9 @@ func planApp(m *stagerspec.Manifest, ra appc.RuntimeApp, rootfs string) (AppPlan
 		return AppPlan{}, err
 	}
 	if plan.Stdin != nil && tty {
-		return AppPlan{}, kerrors.New(kerrors.Invalid, "app %q: %s and a terminal exclude each other", ra.Name, StdinAnnotation)
+		return AppPlan{}, kerrors.New(kerrors.Invalid, "app %q: %s and a terminal exclude each other", ra.Name, stagerspec.StdinAnnotation)
 	}
-	plan.ProcSysRW = appAnnotation(ra, HostPrivilegedAnnotation) == "true"
+	plan.ProcSysRW = appAnnotation(ra, stagerspec.HostPrivilegedAnnotation) == "true"
 	if tty {
 		plan.Rows, plan.Cols = ttySize(ra)
 	}

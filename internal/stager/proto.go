@@ -35,7 +35,7 @@ type request struct {
 	Plan     []AppPlan               `json:"plan,omitempty"`
 	Hostname string                  `json:"hostname,omitempty"`
 	// Slave (start only): make init's mounts rslave, not rprivate
-	// (VolumePropagationAnnotation).
+	// (stagerspec.VolumePropagationAnnotation).
 	Slave   bool  `json:"slave,omitempty"`
 	GraceNS int64 `json:"graceNS,omitempty"`
 	// LogMaxBytes is the app log rotation size (start only).

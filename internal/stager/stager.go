@@ -107,7 +107,7 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	}
 	ctl := pi.ctl
 	if err := send(ctl, request{Op: opStart, Plan: plans, Hostname: podHostname(m.Pod, m.Name), LogMaxBytes: cfg.LogMaxBytes,
-		Slave: podAnnotation(m.Pod, VolumePropagationAnnotation) == "rslave"}); err != nil {
+		Slave: podAnnotation(m.Pod, stagerspec.VolumePropagationAnnotation) == "rslave"}); err != nil {
 		return fmt.Errorf("pod init: %w", err)
 	}
 	var resp response

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"kurma.dev/kurma/internal/mountinfo"
 	"kurma.dev/kurma/internal/pod"
 )
 
@@ -72,37 +73,11 @@ func isMountPoint(p string) (bool, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeOctal(fields[4]) == p {
+		if len(fields) > 4 && mountinfo.Unescape(fields[4]) == p {
 			return true, nil
 		}
 	}
 	return false, sc.Err()
-}
-
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			v, ok := byte(0), true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // netnsRef returns the pod with NetNS pointing at its reference under

@@ -1,0 +1,7 @@
+// Package mountinfo holds the small pieces of /proc/<pid>/mountinfo
+// parsing that the daemon (internal/pod, internal/network/manager) and the
+// stager (internal/stager) share, so the escape rules live in one place.
+//
+// It is a leaf: it imports only the standard library and must never import
+// another kurma package.
+package mountinfo
