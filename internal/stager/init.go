@@ -60,9 +60,16 @@ type appProc struct {
 	outMu sync.Mutex // guards outs, errs, closed
 	outs  []*os.File // attached clients' stdout streams
 	errs  []*os.File // attached clients' stderr streams
-	// closed counts the app's output streams that reached EOF (of 2).
+	// closed counts the app's output streams that reached EOF (of 2);
+	// logged is closed when both have, so everything the app wrote is in
+	// its log.
 	closed int
+	logged chan struct{}
 }
+
+// logDrainWait bounds how long an app's exit waits for its output to reach
+// the log: a child the app left behind may hold the pipes open.
+const logDrainWait = time.Second
 
 // RunInit is the body of `kurma-stager init`. The stager starts it with
 // new PID, IPC, UTS and mount namespaces and the control socket on fd 3.
@@ -317,7 +324,7 @@ func (s *initServer) startApp(p AppPlan) (retErr error) {
 			}
 		}
 	}
-	a := &appProc{plan: p, stdinW: stdinW, done: make(chan struct{})}
+	a := &appProc{plan: p, stdinW: stdinW, done: make(chan struct{}), logged: make(chan struct{})}
 	pid, err := s.spawn(p, child, p.TTY, func(ws syscall.WaitStatus) { s.appExited(a, ws) })
 	if err != nil {
 		return err
@@ -366,6 +373,7 @@ func (a *appProc) pump(r *os.File, logf *appLog, stderr bool) {
 	}
 	if a.closed == 2 {
 		logf.Close()
+		close(a.logged)
 	}
 }
 
@@ -390,7 +398,18 @@ func (a *appProc) fanOut(b []byte, stderr bool) {
 	*list = kept
 }
 
+// appExited records an app's exit once its output is in its log (or after
+// logDrainWait), so that whoever sees the app exited in the status finds
+// its whole output in the log. It runs off the reaper's goroutine.
 func (s *initServer) appExited(a *appProc, ws syscall.WaitStatus) {
+	go s.recordExit(a, ws)
+}
+
+func (s *initServer) recordExit(a *appProc, ws syscall.WaitStatus) {
+	select {
+	case <-a.logged:
+	case <-time.After(logDrainWait):
+	}
 	code, reason := exitOf(ws)
 	s.mu.Lock()
 	a.exited, a.code, a.reason = true, code, reason
