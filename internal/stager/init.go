@@ -69,7 +69,7 @@ type appProc struct {
 
 // logDrainWait bounds how long an app's exit waits for its output to reach
 // the log: a child the app left behind may hold the pipes open.
-const logDrainWait = time.Second
+const logDrainWait = 500 * time.Millisecond
 
 // RunInit is the body of `kurma-stager init`. The stager starts it with
 // new PID, IPC, UTS and mount namespaces and the control socket on fd 3.
@@ -400,12 +400,11 @@ func (a *appProc) fanOut(b []byte, stderr bool) {
 
 // appExited records an app's exit once its output is in its log (or after
 // logDrainWait), so that whoever sees the app exited in the status finds
-// its whole output in the log. It runs off the reaper's goroutine.
+// its whole output in the log. It runs on the reaper's goroutine, which
+// keeps exits recorded in the order they happened and before a shutdown
+// writes the final state; the wait is normally the few microseconds the
+// pumps need to reach EOF.
 func (s *initServer) appExited(a *appProc, ws syscall.WaitStatus) {
-	go s.recordExit(a, ws)
-}
-
-func (s *initServer) recordExit(a *appProc, ws syscall.WaitStatus) {
 	select {
 	case <-a.logged:
 	case <-time.After(logDrainWait):
@@ -450,6 +449,9 @@ func (s *initServer) shutdown(ctx context.Context, grace time.Duration) {
 	s.mu.Lock()
 	s.stopping = true
 	s.mu.Unlock()
+	// Gone from the process table is not yet recorded: the reaper records
+	// an exit once the app's output reached its log.
+	defer s.waitExitsRecorded(logDrainWait + time.Second)
 	if err := unix.Kill(-1, unix.SIGTERM); err != nil {
 		return // ESRCH: nothing runs
 	}
@@ -459,6 +461,26 @@ func (s *initServer) shutdown(ctx context.Context, grace time.Duration) {
 	s.log.Info("grace period over, killing", "grace", grace)
 	_ = unix.Kill(-1, unix.SIGKILL)
 	s.waitAllGone(context.WithoutCancel(ctx), 5*time.Second)
+}
+
+// waitExitsRecorded waits, at most d, until every started app's exit is
+// recorded.
+func (s *initServer) waitExitsRecorded(d time.Duration) {
+	s.mu.Lock()
+	var dones []chan struct{}
+	for _, a := range s.apps {
+		dones = append(dones, a.done)
+	}
+	s.mu.Unlock()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for _, done := range dones {
+		select {
+		case <-done:
+		case <-deadline.C:
+			return
+		}
+	}
 }
 
 // waitAllGone returns true once no other process is left in the
