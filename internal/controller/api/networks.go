@@ -22,26 +22,49 @@ type storedSubnet struct {
 	Deleting bool `json:"deleting,omitempty"`
 }
 
-func (s *Server) createVPC(w http.ResponseWriter, r *http.Request) error {
+// childFields are the fields every child of a project (VPC, subnet) has.
+type childFields struct {
+	id        *string
+	projectID string
+	name      string
+}
+
+// decodeChild reads the create request of a child of the URL's project:
+// the project exists, the body is {"<key>":{...}}, the id is the client's
+// (checked) or a new one, a given project_id matches the URL and the name
+// fits. It returns the child and the project id.
+func decodeChild[T any](s *Server, r *http.Request, key string, fields func(*T) childFields) (T, string, error) {
+	var zero T
 	pid := r.PathValue("pid")
 	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
+		return zero, "", err
 	}
 	b, err := readBody(r)
 	if err != nil {
-		return err
+		return zero, "", err
 	}
-	v, err := decodeWrapped[capi.VPC](b, "vpc")
+	v, err := decodeWrapped[T](b, key)
 	if err != nil {
-		return err
+		return zero, "", err
 	}
-	if v.ID, err = idOrNew("vpc", v.ID); err != nil {
-		return err
+	f := fields(&v)
+	if *f.id, err = idOrNew(key, *f.id); err != nil {
+		return zero, "", err
 	}
-	if v.ProjectID != "" && v.ProjectID != pid {
-		return kerrors.New(kerrors.Invalid, "project_id %q does not match the URL's project %q", v.ProjectID, pid)
+	if f.projectID != "" && f.projectID != pid {
+		return zero, "", kerrors.New(kerrors.Invalid, "project_id %q does not match the URL's project %q", f.projectID, pid)
 	}
-	if err := checkLen("name", v.Name, 255); err != nil {
+	if err := checkLen("name", f.name, 255); err != nil {
+		return zero, "", err
+	}
+	return v, pid, nil
+}
+
+func (s *Server) createVPC(w http.ResponseWriter, r *http.Request) error {
+	v, pid, err := decodeChild[capi.VPC](s, r, "vpc", func(x *capi.VPC) childFields {
+		return childFields{&x.ID, x.ProjectID, x.Name}
+	})
+	if err != nil {
 		return err
 	}
 	if v.CIDR != "" {
@@ -176,25 +199,10 @@ func (s *Server) subnetsOf(ctx context.Context, pid, vpc string) ([]capi.Subnet,
 }
 
 func (s *Server) createSubnet(w http.ResponseWriter, r *http.Request) error {
-	pid := r.PathValue("pid")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	b, err := readBody(r)
+	sn, pid, err := decodeChild[capi.Subnet](s, r, "subnet", func(x *capi.Subnet) childFields {
+		return childFields{&x.ID, x.ProjectID, x.Name}
+	})
 	if err != nil {
-		return err
-	}
-	sn, err := decodeWrapped[capi.Subnet](b, "subnet")
-	if err != nil {
-		return err
-	}
-	if sn.ID, err = idOrNew("subnet", sn.ID); err != nil {
-		return err
-	}
-	if sn.ProjectID != "" && sn.ProjectID != pid {
-		return kerrors.New(kerrors.Invalid, "project_id %q does not match the URL's project %q", sn.ProjectID, pid)
-	}
-	if err := checkLen("name", sn.Name, 255); err != nil {
 		return err
 	}
 	if sn.NetworkID == "" {
