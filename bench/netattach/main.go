@@ -32,7 +32,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/network/netconf"
@@ -110,16 +109,16 @@ func run(iters int) error {
 			return err
 		}
 	}
-	host, err := testutils.NewNS()
+	host, removeHost, err := benchutil.NewNS()
 	if err != nil {
 		return err
 	}
-	defer func() { _ = host.Close(); _ = testutils.UnmountNS(host) }()
-	podNS, err := testutils.NewNS()
+	defer removeHost()
+	podNS, removePodNS, err := benchutil.NewNS()
 	if err != nil {
 		return err
 	}
-	defer func() { _ = podNS.Close(); _ = testutils.UnmountNS(podNS) }()
+	defer removePodNS()
 
 	netName := unique("knmbench")
 	entry := map[string]any{

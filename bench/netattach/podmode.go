@@ -12,8 +12,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
-
 	"kurma.dev/kurma/bench/internal/benchutil"
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
@@ -112,11 +110,11 @@ func runPod(iters int, bin string) (retErr error) {
 	}
 	fmt.Printf("networking pod up in %.0f ms\n", benchutil.Ms(time.Since(t0)))
 
-	podNS, err := testutils.NewNS()
+	podNS, removePodNS, err := benchutil.NewNS()
 	if err != nil {
 		return err
 	}
-	defer func() { _ = podNS.Close(); _ = testutils.UnmountNS(podNS) }()
+	defer removePodNS()
 	p := &pod.Pod{UUID: "7b0e4c55-5d0b-4a59-9d0e-4f3f3b0f1c2a", NetNS: podNS.Path()}
 
 	// cnitool on the same config (host-local store in work/ipam).

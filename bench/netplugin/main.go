@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"kurma.dev/kurma/bench/internal/benchutil"
 )
@@ -73,16 +72,16 @@ func run(iters int) error {
 		}
 	}
 
-	host, err := testutils.NewNS()
+	host, removeHost, err := benchutil.NewNS()
 	if err != nil {
 		return err
 	}
-	defer func() { _ = host.Close(); _ = testutils.UnmountNS(host) }()
-	pod, err := testutils.NewNS()
+	defer removeHost()
+	pod, removePod, err := benchutil.NewNS()
 	if err != nil {
 		return err
 	}
-	defer func() { _ = pod.Close(); _ = testutils.UnmountNS(pod) }()
+	defer removePod()
 
 	netName := unique("knetbench")
 	conf, _ := json.Marshal(map[string]any{
