@@ -30,13 +30,19 @@ type bins struct {
 
 // findBins locates kurmad, kurma and the stager image that `make build`
 // made, building what is missing into t's temp dir.
+// buildDir is where `make build` put binaries and images: $KURMA_BIN_DIR,
+// else the repository's bin/.
+func buildDir(t *testing.T) string {
+	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(testutil.RepoRoot(t), "bin")
+}
+
 func findBins(t *testing.T) bins {
 	t.Helper()
 	b := bins{kurmad: testutil.Bin(t, "kurmad"), kurma: testutil.Bin(t, "kurma")}
-	dir := os.Getenv("KURMA_BIN_DIR")
-	if dir == "" {
-		dir = filepath.Join(testutil.RepoRoot(t), "bin")
-	}
+	dir := buildDir(t)
 	aci := filepath.Join(dir, "images", "kurma-stager.aci")
 	key := filepath.Join(dir, "keys", "stager.pub")
 	if fileExists(aci) && fileExists(aci+".sig") && fileExists(key) {

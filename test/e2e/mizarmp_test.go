@@ -38,10 +38,7 @@ func TestMizarmpNetworkE2E(t *testing.T) {
 		t.Skip("end-to-end")
 	}
 	b := findBins(t)
-	binDir := os.Getenv("KURMA_BIN_DIR")
-	if binDir == "" {
-		binDir = filepath.Join(testutil.RepoRoot(t), "bin")
-	}
+	binDir := buildDir(t)
 	aci := filepath.Join(binDir, "images", "kurma-netplugin-mizarmp.aci")
 	for _, f := range []string{aci, filepath.Join(binDir, "kurma-controller"), filepath.Join(binDir, "kurma-agent")} {
 		if !fileExists(f) {

@@ -57,10 +57,7 @@ func TestNetworkE2E(t *testing.T) {
 		t.Skip("end-to-end")
 	}
 	b := findBins(t)
-	binDir := os.Getenv("KURMA_BIN_DIR")
-	if binDir == "" {
-		binDir = filepath.Join(testutil.RepoRoot(t), "bin")
-	}
+	binDir := buildDir(t)
 	aci := filepath.Join(binDir, "images", "kurma-netplugin.aci")
 	if !fileExists(aci) {
 		t.Skipf("%s not built (make build)", aci)
