@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -83,7 +82,7 @@ func (s *FSStore) pullACI(ctx context.Context, u URI, file string, sig []byte, o
 		return nil, err
 	}
 	defer r.Close()
-	tmp, err := s.newTmp("aci-")
+	tmp, rootfs, err := s.newRootfsTmp("aci-")
 	if err != nil {
 		return nil, err
 	}
@@ -92,10 +91,6 @@ func (s *FSStore) pullACI(ctx context.Context, u URI, file string, sig []byte, o
 			os.RemoveAll(tmp)
 		}
 	}()
-	rootfs := filepath.Join(tmp, "rootfs")
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return nil, fmt.Errorf("create rootfs: %w", err)
-	}
 	var man *appc.ImageManifest
 	res, err := tarx.Extract(ctx, r, rootfs, tarx.Options{
 		MaxBytes:     s.opts.MaxLayerBytes,

@@ -298,7 +298,7 @@ func (s *FSStore) extractLayer(ctx context.Context, l v1.Layer, diff v1.Hash, u 
 		return nil, err
 	}
 	defer r.Close()
-	tmp, err := s.newTmp("layer-")
+	tmp, rootfs, err := s.newRootfsTmp("layer-")
 	if err != nil {
 		return nil, err
 	}
@@ -307,10 +307,6 @@ func (s *FSStore) extractLayer(ctx context.Context, l v1.Layer, diff v1.Hash, u 
 			os.RemoveAll(tmp)
 		}
 	}()
-	rootfs := filepath.Join(tmp, "rootfs")
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return nil, fmt.Errorf("create rootfs: %w", err)
-	}
 	h := sha256.New()
 	res, err := tarx.Extract(ctx, io.TeeReader(r, h), rootfs, tarx.Options{Whiteouts: true, AllowDevices: s.opts.AllowDevices, MaxBytes: s.opts.MaxLayerBytes})
 	if err != nil {

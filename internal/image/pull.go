@@ -304,6 +304,21 @@ func (s *FSStore) newTmp(prefix string) (string, error) {
 	return d, nil
 }
 
+// newRootfsTmp makes a work directory with an empty rootfs/ in it, for
+// one extraction. The caller removes tmp once anything after fails.
+func (s *FSStore) newRootfsTmp(prefix string) (tmp, rootfs string, err error) {
+	tmp, err = s.newTmp(prefix)
+	if err != nil {
+		return "", "", err
+	}
+	rootfs = filepath.Join(tmp, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		os.RemoveAll(tmp)
+		return "", "", fmt.Errorf("create rootfs: %w", err)
+	}
+	return tmp, rootfs, nil
+}
+
 // commit moves tmp (holding rootfs/ for entries with one) into
 // entries/<rec.ID>, unless that entry exists already, records rec and
 // points refs at it. tmp is gone afterwards either way.
