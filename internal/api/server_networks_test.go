@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
 )
@@ -27,25 +25,7 @@ func TestListNetworks(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srv, err := NewServer(Options{Pods: newFakeManager(), Images: &fakeStore{}, Networks: c.lister})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sock := filepath.Join(t.TempDir(), "k.sock")
-			l, err := Listen(sock, -1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- srv.Serve(ctx, l) }()
-			cl := NewClient(sock)
-			t.Cleanup(func() {
-				cl.Close()
-				cancel()
-				<-done
-				_ = os.Remove(sock)
-			})
+			cl, _, _ := serve(t, Options{Pods: newFakeManager(), Images: &fakeStore{}, Networks: c.lister})
 			got, err := cl.ListNetworks(t.Context())
 			if err != nil {
 				t.Fatal(err)

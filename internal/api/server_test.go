@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,11 +27,20 @@ func startServer(t *testing.T) (*Client, *fakeManager, *fakeStore, string) {
 		"sha512-00": {ID: "sha512-00", Name: "busybox", Manifest: appc.ImageManifest{App: &appc.App{
 			User: "1000", Group: "100", Environment: []appc.EnvVar{{Name: "PATH", Value: "/bin"}, {Name: "A", Value: "img"}}}}},
 	}}
-	srv, err := NewServer(Options{Pods: fm, Images: fs, Version: "test"})
+	c, sock, _ := serve(t, Options{Pods: fm, Images: fs, Version: "test"})
+	return c, fm, fs, sock
+}
+
+// serve serves a Server made from opts on a unix socket in a temp dir.
+// stop ends it and returns what Serve returned; cleanup calls it too, and
+// checks that the socket is gone.
+func serve(t *testing.T, opts Options) (c *Client, sock string, stop func() error) {
+	t.Helper()
+	srv, err := NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "k.sock")
+	sock = filepath.Join(t.TempDir(), "k.sock")
 	l, err := Listen(sock, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -38,18 +48,26 @@ func startServer(t *testing.T) (*Client, *fakeManager, *fakeStore, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
-	c := NewClient(sock)
+	var once sync.Once
+	var serveErr error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			serveErr = <-done
+		})
+		return serveErr
+	}
+	c = NewClient(sock)
 	t.Cleanup(func() {
 		c.Close()
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("serve: %v", err)
 		}
 		if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("socket %s left behind", sock)
 		}
 	})
-	return c, fm, fs, sock
+	return c, sock, stop
 }
 
 func TestSocketPermissions(t *testing.T) {
@@ -321,20 +339,7 @@ func TestImages(t *testing.T) {
 
 func TestShutdownCancelsStreams(t *testing.T) {
 	fm := newFakeManager()
-	srv, err := NewServer(Options{Pods: &blockingLogs{fm}, Images: &fakeStore{imgs: map[string]*image.Image{}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "k.sock")
-	l, err := Listen(sock, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, l) }()
-	c := NewClient(sock)
-	defer c.Close()
+	c, _, stop := serve(t, Options{Pods: &blockingLogs{fm}, Images: &fakeStore{imgs: map[string]*image.Image{}}})
 	if _, err := c.CreatePod(t.Context(), pod.Spec{Name: "f", Apps: []pod.AppSpec{{Image: "x"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -342,8 +347,7 @@ func TestShutdownCancelsStreams(t *testing.T) {
 	go func() { logDone <- c.Logs(t.Context(), "f", "", true, io.Discard) }()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	<-logDone
