@@ -2,7 +2,9 @@
 // the Kurma controller and host agent running) against the upstream bridge
 // plugin with host-local IPAM and ipMasq on, both driven by cnitool in the
 // same run, alternating. It also measures mizarmp's own time (process
-// start to exit, invoked directly) and prints p50/p99 and the ratios.
+// start to exit, invoked directly) and prints p50/p99 and the ratios, and
+// the floor: two no-op plugins (shell and Go) driven by cnitool the same way
+// (floor.go).
 //
 // Goals: mizarmp ADD <= 0.25x bridge ADD, DEL <= 0.1x bridge DEL, own time
 // < 3 ms.
@@ -21,6 +23,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -79,17 +83,19 @@ func (t *tool) run(ctx context.Context, verb, netnsPath string) (time.Duration, 
 
 type result struct{ add, del samples }
 
-// cycle creates a container netns, then times ADD and DEL of each tool in
-// turn (order alternating per iteration).
+// cycle creates a container netns per tool, then times that tool's ADD and
+// DEL, for each tool in turn (the order changes per iteration).
 func cycle(ctx context.Context, tools []*tool, res []result, i int) error {
-	order := []int{0, 1}
+	// Rotate the starting tool, and reverse on odd rounds, so that no tool
+	// always follows the same one.
+	order := make([]int, len(tools))
+	for j := range order {
+		order[j] = (i/2 + j) % len(tools)
+	}
 	if i%2 == 1 {
-		order = []int{1, 0}
+		slices.Reverse(order)
 	}
 	for _, k := range order {
-		if k >= len(tools) {
-			continue
-		}
 		ctr, err := testutils.NewNS()
 		if err != nil {
 			return err
@@ -149,6 +155,13 @@ func run(ctx context.Context, n int) error {
 		names = append(names, "mizarmp")
 	}
 
+	floors, floorNames, err := setupFloors(ctx, cnitool, tmp)
+	if err != nil {
+		return fmt.Errorf("floor plugins: %w", err)
+	}
+	tools = append(tools, floors...)
+	names = append(names, floorNames...)
+
 	res := make([]result, len(tools))
 	// One warm-up cycle (creates the bridge, the nft table, the VPC's
 	// datapath), not counted.
@@ -168,10 +181,22 @@ func run(ctx context.Context, n int) error {
 		fmt.Printf("  %-18s ADD p50 %s p99 %s   DEL p50 %s p99 %s\n", names[k],
 			ms(r.add.Pct(0.5)), ms(r.add.Pct(0.99)), ms(r.del.Pct(0.5)), ms(r.del.Pct(0.99)))
 	}
-	if len(res) == 2 {
+	ratio := func(a, b samples) float64 { return float64(a.Pct(0.5)) / float64(b.Pct(0.5)) }
+	mpIdx := slices.Index(names, "mizarmp")
+	if mpIdx > 0 {
 		fmt.Printf("  ratio mizarmp/bridge: ADD p50 %.2fx (goal <= 0.25x)   DEL p50 %.2fx (goal <= 0.10x)\n",
-			float64(res[1].add.Pct(0.5))/float64(res[0].add.Pct(0.5)),
-			float64(res[1].del.Pct(0.5))/float64(res[0].del.Pct(0.5)))
+			ratio(res[mpIdx].add, res[0].add), ratio(res[mpIdx].del, res[0].del))
+	}
+	for k, name := range names {
+		if !strings.HasPrefix(name, "floor:") {
+			continue
+		}
+		fmt.Printf("  %s / bridge: ADD p50 %.2fx   DEL p50 %.2fx (the best any such plugin reaches through cnitool here)\n",
+			name, ratio(res[k].add, res[0].add), ratio(res[k].del, res[0].del))
+		if mpIdx > 0 {
+			fmt.Printf("    mizarmp minus %s: ADD p50 %s   DEL p50 %s\n", name,
+				ms(res[mpIdx].add.Pct(0.5)-res[k].add.Pct(0.5)), ms(res[mpIdx].del.Pct(0.5)-res[k].del.Pct(0.5)))
+		}
 	}
 	if own != nil {
 		a, d, err := own(ctx, n)
