@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"sync"
@@ -69,7 +71,12 @@ func main() {
 	flag.BoolVar(&c.noSync, "nosync", false, "skip fsync on commit (isolates CPU cost; not the default figure)")
 	flag.StringVar(&c.dir, "dir", "", "directory for the bbolt files (default: a temp dir, removed after)")
 	prof := flag.String("cpuprofile", "", "write a CPU profile here")
+	clientProcs := flag.Int("client-procs", 1, "GOMAXPROCS of the benchmark process when it is only the client (the server in its own process), like wrk -t; 0: the runtime default")
 	flag.Parse()
+	if *clientProcs > 0 && c.exe != "" {
+		// Only the client runs here; in-process the server shares it.
+		runtime.GOMAXPROCS(*clientProcs)
+	}
 	if *prof != "" {
 		f, err := os.Create(*prof)
 		if err == nil && pprof.StartCPUProfile(f) == nil {
@@ -193,6 +200,7 @@ func round(ctx context.Context, c config, path string, preload int) (result, err
 			return r, err
 		}
 		defer proc.stop()
+		base = url
 		if cli, err = capi.New(url); err != nil {
 			return r, err
 		}
@@ -212,7 +220,7 @@ func round(ctx context.Context, c config, path string, preload int) (result, err
 	}
 
 	cpu0 := cpuOf()
-	if r.singlePS, err = single(ctx, cli, c); err != nil {
+	if r.singlePS, err = single(ctx, base, c); err != nil {
 		return r, err
 	}
 	cpu1 := cpuOf()
@@ -274,11 +282,15 @@ func parallel(n, conc int, fn func(i int) error) (time.Duration, error) {
 	return time.Since(start), firstErr
 }
 
-func single(ctx context.Context, cli *capi.Client, c config) (float64, error) {
-	d, err := parallel(c.single, c.singleConc, func(i int) error {
-		_, err := cli.CreatePort(ctx, "bench", capi.Port{NetworkID: "sub", BindingHostID: throughputHost, VethName: "eth0", NetworkNS: "/var/run/netns/x"})
-		return err
-	})
+// single creates c.single ports, one per request, from c.singleConc
+// kept-alive connections (rawclient.go), each answer checked for 201 and a
+// port body.
+func single(ctx context.Context, base string, c config) (float64, error) {
+	body, err := json.Marshal(capi.PortBody{Port: capi.Port{NetworkID: "sub", BindingHostID: throughputHost, VethName: "eth0", NetworkNS: "/var/run/netns/x"}})
+	if err != nil {
+		return 0, err
+	}
+	d, err := postParallel(ctx, base, "/project/bench/ports", c.single, c.singleConc, body, http.StatusCreated, []byte(`{"port":{`))
 	if err != nil {
 		return 0, fmt.Errorf("single create: %w", err)
 	}
