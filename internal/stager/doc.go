@@ -59,8 +59,9 @@
 // capabilities, and no_new_privs (unless os/linux/no-new-privileges is
 // false); and init is not dumpable. An app, even as root, thus cannot
 // open /proc/1/root, /proc/1/cwd or /proc/1/fd, so it can reach neither
-// the stager's files nor the init socket. The bounding set is cut on a
-// locked OS thread that is thrown away after the fork.
+// the stager's files nor the init socket. The bounding set is cut once on
+// a locked OS thread per distinct set of privileges, which init keeps for
+// its life and never runs anything else on (caps.go, spawner).
 //
 // Logs (applog.go): /logs/<app> is rotated to /logs/<app>.1 when it would
 // pass logMaxBytes (one old generation is kept, so an app's logs take at

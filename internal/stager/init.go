@@ -43,6 +43,9 @@ type initServer struct {
 	// reaped gets a token after the reaper collected children, so that
 	// shutdown waits for exits instead of polling.
 	reaped chan struct{}
+
+	// spawner starts apps and call-in processes with their privileges.
+	spawner spawner
 }
 
 // appProc is one running (or exited) app.
@@ -256,7 +259,7 @@ func (s *initServer) spawn(p AppPlan, files []*os.File, tty bool, onExit func(sy
 	if s.stopping {
 		return 0, kerrors.New(kerrors.Unavailable, "pod is stopping")
 	}
-	pid, err := forkExecConfined(p.Exec[0], p.Exec, attr, p.Priv)
+	pid, err := s.spawner.forkExec(p.Exec[0], p.Exec, attr, p.Priv)
 	if err != nil {
 		return 0, fmt.Errorf("start %q in app %q: %w", p.Exec[0], p.Name, err)
 	}
@@ -414,8 +417,10 @@ func (s *initServer) appExited(a *appProc, ws syscall.WaitStatus) {
 	a.exited, a.code, a.reason = true, code, reason
 	s.mu.Unlock()
 	s.log.Info("app exited", "app", a.plan.Name, "code", code, "reason", reason)
-	close(a.done)
+	// State first: shutdown returns once every done is closed, and the
+	// stager may exit right after.
 	s.writeState()
+	close(a.done)
 }
 
 // exitOf turns a wait status into an exit code (128+signal when killed)
