@@ -7,6 +7,8 @@ import (
 	"os"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
@@ -96,7 +98,14 @@ func send(c *net.UnixConn, v any, files ...*os.File) error {
 // it (the caller owns them). It returns io.EOF-like errors when the peer is
 // gone.
 func recv(c *net.UnixConn, v any) ([]*os.File, error) {
-	buf := make([]byte, maxPacket)
+	size, err := nextSize(c)
+	if err != nil {
+		return nil, err
+	}
+	// A buffer of the message's own size: a fresh maxPacket buffer per
+	// message cost 256 page faults to zero (~30 µs each on some VMs) and a
+	// garbage collection in a small heap.
+	buf := make([]byte, max(1, min(size, maxPacket)))
 	oob := make([]byte, syscall.CmsgSpace(8*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -131,6 +140,29 @@ func recv(c *net.UnixConn, v any) ([]*os.File, error) {
 }
 
 var errPeerGone = fmt.Errorf("peer closed the connection")
+
+// nextSize waits for the next message on c and returns its length without
+// taking it (MSG_PEEK|MSG_TRUNC on a SOCK_SEQPACKET socket give the whole
+// length whatever the buffer); 0 when the peer is gone.
+func nextSize(c *net.UnixConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		return 0, err
+	}
+	if rerr != nil {
+		return 0, fmt.Errorf("peek message: %w", rerr)
+	}
+	return n, nil
+}
 
 func closeAll(files []*os.File) {
 	for _, f := range files {
