@@ -59,6 +59,17 @@ func runPod(iters int, bin string) (retErr error) {
 
 	netName, bridge := unique("knpbench"), unique("knpb")
 	defer func() { _ = exec.Command("ip", "link", "del", bridge).Run() }()
+	// The cnitool peer runs the same config on the host, so host-local
+	// keeps its allocations under the host's PluginStateDir: remove what
+	// this run added there.
+	_, statErr := os.Stat(netconf.PluginStateDir)
+	defer func() {
+		if os.IsNotExist(statErr) {
+			_ = os.RemoveAll(netconf.PluginStateDir)
+			return
+		}
+		_ = os.RemoveAll(filepath.Join(netconf.PluginStateDir, "ipam", netName))
+	}()
 	entry := map[string]any{
 		"cniVersion": "1.0.0", "name": netName, "type": "bridge", "bridge": bridge,
 		"isGateway": true, "ipMasq": false,
