@@ -19,7 +19,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +43,8 @@ const (
 )
 
 type config struct {
-	single, singleConc int
+	single             int
+	singleConc         []int // the sweep: one run of c.single ports per entry
 	bulkReqs, bulkSize int
 	bulkConc           int
 	lat, latConc       int
@@ -48,10 +52,12 @@ type config struct {
 	dir                string
 	noSync             bool
 	exe                string // kurma-controller binary: run the server as its own process
+	clientProcs        int    // GOMAXPROCS during the single-create sweep when exe is set
 }
 
 type result struct {
-	singlePS, bulkPS   float64
+	singlePS, bulkPS   float64 // singlePS: the best of the sweep
+	singleSweep        []float64
 	singleCPU, bulkCPU float64 // ports per CPU-second (server process alone when separate)
 	cpuWho             string
 	p50, p99           time.Duration
@@ -60,7 +66,7 @@ type result struct {
 func main() {
 	var c config
 	flag.IntVar(&c.single, "single", 20000, "ports created one per request")
-	flag.IntVar(&c.singleConc, "single-conc", 64, "concurrent clients for single creates")
+	conc := flag.String("single-conc", "64,128,256", "concurrent clients for single creates: a comma-separated sweep, the peak is reported")
 	flag.IntVar(&c.bulkReqs, "bulk-reqs", 200, "bulk requests")
 	flag.IntVar(&c.bulkSize, "bulk-size", 100, "ports per bulk request")
 	flag.IntVar(&c.bulkConc, "bulk-conc", 8, "concurrent clients for bulk creates")
@@ -71,12 +77,17 @@ func main() {
 	flag.BoolVar(&c.noSync, "nosync", false, "skip fsync on commit (isolates CPU cost; not the default figure)")
 	flag.StringVar(&c.dir, "dir", "", "directory for the bbolt files (default: a temp dir, removed after)")
 	prof := flag.String("cpuprofile", "", "write a CPU profile here")
-	clientProcs := flag.Int("client-procs", 1, "GOMAXPROCS of the benchmark process when it is only the client (the server in its own process), like wrk -t; 0: the runtime default")
+	clientProcs := flag.Int("client-procs", 1, "GOMAXPROCS of the benchmark process during the single-create sweep when the server is its own process, like wrk -t; 0: the runtime default")
 	flag.Parse()
-	if *clientProcs > 0 && c.exe != "" {
-		// Only the client runs here; in-process the server shares it.
-		runtime.GOMAXPROCS(*clientProcs)
+	for _, f := range strings.Split(*conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: -single-conc: bad count %q\n", f)
+			os.Exit(2)
+		}
+		c.singleConc = append(c.singleConc, n)
 	}
+	c.clientProcs = *clientProcs
 	if *prof != "" {
 		f, err := os.Create(*prof)
 		if err == nil && pprof.StartCPUProfile(f) == nil {
@@ -106,28 +117,32 @@ func run(ctx context.Context, c config) error {
 		where = "in its own process (" + c.exe + ")"
 	}
 	fmt.Printf("controller benchmark: server %s, bbolt store (fsync %v), HTTP on loopback, %d CPUs, load average %s\n", where, !c.noSync, numCPU(), loadAvg())
-	fmt.Printf("single: %d ports x1 by %d clients; bulk: %d x %d ports by %d clients; latency: %d ports by %d clients\n",
+	fmt.Printf("single: %d ports x1 by each of %v clients (peak reported); bulk: %d x %d ports by %d clients; latency: %d ports by %d clients\n",
 		c.single, c.singleConc, c.bulkReqs, c.bulkSize, c.bulkConc, c.lat, c.latConc)
 	fmt.Println("create->UP: a watch-driven agent stand-in (WatchPorts on its host, PUT status UP per ADDED port); the client times POST port -> long-poll GET ?wait_status=UP returning UP")
 	r0, err := round(ctx, c, filepath.Join(dir, "empty.db"), 0)
 	if err != nil {
 		return fmt.Errorf("empty store: %w", err)
 	}
-	report("0 ports stored", r0)
+	report(c, "0 ports stored", r0)
 	if c.preload > 0 {
 		r1, err := round(ctx, c, filepath.Join(dir, "loaded.db"), c.preload)
 		if err != nil {
 			return fmt.Errorf("preloaded store: %w", err)
 		}
-		report(fmt.Sprintf("%d ports stored", c.preload), r1)
+		report(c, fmt.Sprintf("%d ports stored", c.preload), r1)
 		fmt.Printf("slowdown at %d ports: single %.2fx, bulk %.2fx (goal <= 1.5x)\n", c.preload, r0.singlePS/r1.singlePS, r0.bulkPS/r1.bulkPS)
 		fmt.Printf("vs Alcor with 1.2M ports (%.0f-%.0f req/s): single %.1fx-%.1fx\n", alcorAt1MLow, alcorAt1MHigh, r1.singlePS/alcorAt1MHigh, r1.singlePS/alcorAt1MLow)
 	}
 	return nil
 }
 
-func report(label string, r result) {
-	fmt.Printf("[%s] single create: %.0f ports/s (%.2fx Alcor peak %.0f req/s)\n", label, r.singlePS, r.singlePS/alcorPeak, alcorPeak)
+func report(c config, label string, r result) {
+	fmt.Printf("[%s] single create: %.0f ports/s at peak (%.2fx Alcor peak %.0f req/s); by clients:", label, r.singlePS, r.singlePS/alcorPeak, alcorPeak)
+	for i, ps := range r.singleSweep {
+		fmt.Printf(" %d: %.0f/s", c.singleConc[i], ps)
+	}
+	fmt.Println()
 	fmt.Printf("[%s] bulk create:   %.0f ports/s (%.2fx Alcor peak)\n", label, r.bulkPS, r.bulkPS/alcorPeak)
 	fmt.Printf("[%s] CPU cost (%s): single %.0f ports per CPU-second, bulk %.0f ports per CPU-second\n", label, r.cpuWho, r.singleCPU, r.bulkCPU)
 	fmt.Printf("[%s] create->UP:    p50 %.2f ms, p99 %.2f ms (goal p99 <= 20 ms)\n", label, ms(r.p50), ms(r.p99))
@@ -220,15 +235,26 @@ func round(ctx context.Context, c config, path string, preload int) (result, err
 	}
 
 	cpu0 := cpuOf()
-	if r.singlePS, err = single(ctx, base, c); err != nil {
+	prevProcs := 0
+	if c.clientProcs > 0 && c.exe != "" {
+		// Only the load generator runs here (in-process the server shares
+		// it): one P, like wrk -t1, for the throughput sweep only.
+		prevProcs = runtime.GOMAXPROCS(c.clientProcs)
+	}
+	r.singleSweep, err = single(ctx, base, c)
+	if prevProcs > 0 {
+		runtime.GOMAXPROCS(prevProcs)
+	}
+	if err != nil {
 		return r, err
 	}
+	r.singlePS = slices.Max(r.singleSweep)
 	cpu1 := cpuOf()
 	if r.bulkPS, err = bulk(ctx, cli, c); err != nil {
 		return r, err
 	}
 	cpu2 := cpuOf()
-	r.singleCPU = float64(c.single) / (cpu1 - cpu0)
+	r.singleCPU = float64(c.single*len(c.singleConc)) / (cpu1 - cpu0)
 	r.bulkCPU = float64(c.bulkReqs*c.bulkSize) / (cpu2 - cpu1)
 	if r.p50, r.p99, err = latency(ctx, cli, c); err != nil {
 		return r, err
@@ -282,19 +308,23 @@ func parallel(n, conc int, fn func(i int) error) (time.Duration, error) {
 	return time.Since(start), firstErr
 }
 
-// single creates c.single ports, one per request, from c.singleConc
-// kept-alive connections (rawclient.go), each answer checked for 201 and a
-// port body.
-func single(ctx context.Context, base string, c config) (float64, error) {
+// single creates c.single ports, one per request, from each count of
+// kept-alive connections in c.singleConc (rawclient.go), each answer
+// checked for 201 and a port body. It returns ports/s per count.
+func single(ctx context.Context, base string, c config) ([]float64, error) {
 	body, err := json.Marshal(capi.PortBody{Port: capi.Port{NetworkID: "sub", BindingHostID: throughputHost, VethName: "eth0", NetworkNS: "/var/run/netns/x"}})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	d, err := postParallel(ctx, base, "/project/bench/ports", c.single, c.singleConc, body, http.StatusCreated, []byte(`{"port":{`))
-	if err != nil {
-		return 0, fmt.Errorf("single create: %w", err)
+	var out []float64
+	for _, conc := range c.singleConc {
+		d, err := postParallel(ctx, base, "/project/bench/ports", c.single, conc, body, http.StatusCreated, []byte(`{"port":{`))
+		if err != nil {
+			return nil, fmt.Errorf("single create (%d clients): %w", conc, err)
+		}
+		out = append(out, float64(c.single)/d.Seconds())
 	}
-	return float64(c.single) / d.Seconds(), nil
+	return out, nil
 }
 
 func bulk(ctx context.Context, cli *capi.Client, c config) (float64, error) {
