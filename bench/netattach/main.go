@@ -45,7 +45,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
 		os.Exit(pod.StageInit(os.Args[2:]))
 	}
-	iters := flag.Int("n", 30, "attach+detach cycles per path")
+	iters := flag.Int("n", 60, "attach+detach cycles per path")
 	mode := flag.String("mode", "both", "host (HostCaller vs cnitool in a stand-in netns), pod (networking pod vs cnitool) or both")
 	flag.Parse()
 	var err error
