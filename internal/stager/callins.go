@@ -36,7 +36,7 @@ const SettingsTimeoutEnv = "KURMA_STAGER_SETTINGS_TIMEOUT"
 // Status writes the pod's status JSON to w. When the pod init cannot be
 // reached it reports the last state init recorded.
 func Status(ctx context.Context, w io.Writer) error {
-	st, err := queryStatus()
+	st, err := queryStatus(ctx, SocketPath)
 	if err != nil {
 		var e2 error
 		if st, e2 = readStateFile(StatePath); e2 != nil {
@@ -47,12 +47,25 @@ func Status(ctx context.Context, w io.Writer) error {
 	return enc.Encode(st)
 }
 
-func queryStatus() (stagerspec.Status, error) {
-	c, err := dial(SocketPath)
+// StatusAt asks the pod init at sock (HostSocketPath) for the pod's
+// status: the daemon's shortcut past nsenter and /opt/stager/status, as
+// RunAt is for run. An error of category Unavailable means init could not
+// be reached.
+func StatusAt(ctx context.Context, sock string) (stagerspec.Status, error) {
+	return queryStatus(ctx, sock)
+}
+
+func queryStatus(ctx context.Context, sock string) (stagerspec.Status, error) {
+	c, err := dial(sock)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
 	if err := send(c, request{Op: opStatus}); err != nil {
 		return nil, err
 	}
@@ -159,7 +172,7 @@ func (c *changeWaiter) Close() {
 // appExited reports whether the app is known to have exited (or the pod
 // init is gone, which means the same).
 func appExited(app string) bool {
-	st, err := queryStatus()
+	st, err := queryStatus(context.Background(), SocketPath)
 	if err != nil {
 		if st, err = readStateFile(StatePath); err != nil {
 			return true

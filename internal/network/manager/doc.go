@@ -30,9 +30,10 @@
 //
 // This package must never import the API server or the CLI. It imports the
 // pod manager's types for pod.Networker and pod.Manager, and the stager
-// package only for its init-socket client (stager.RunAt), the PodCaller's
+// package only for its init-socket client: stager.RunAt, the PodCaller's
 // shortcut past nsenter and /opt/stager/run (a process start less per call;
-// bench/netattach -mode pod shows the difference).
+// bench/netattach -mode pod shows the difference), and stager.StatusAt, the
+// Supervisor's once-a-second poll without a process start.
 //
 // Pod mode (the default): the Supervisor keeps the networking pod
 // (kurma-networking) running: host net/IPC/UTS, one app per network with
