@@ -175,34 +175,34 @@ func (m *Manager) CallTimeout() time.Duration { return m.opts.CallTimeout }
 
 // WaitSettled waits until no network is Starting, or ctx ends.
 func (m *Manager) WaitSettled(ctx context.Context) {
-	for {
-		m.mu.Lock()
-		starting, ch := false, m.changed
+	m.waitWhile(ctx, func() bool {
 		for _, st := range m.states {
-			starting = starting || st.State == Starting
+			if st.State == Starting {
+				return true
+			}
 		}
-		m.mu.Unlock()
-		if !starting {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-		}
-	}
+		return false
+	})
 }
 
 // waitStarted waits, until ctx ends, while the network is Starting (a del
 // right after a daemon restart must not run before the plugin is ready; a
 // Failed plugin's del is still tried).
 func (m *Manager) waitStarted(ctx context.Context, name string) {
+	m.waitWhile(ctx, func() bool {
+		st, ok := m.states[name]
+		return ok && st.State == Starting
+	})
+}
+
+// waitWhile waits, until ctx ends, while cond (called with mu held) is
+// true, checking it again on every state change.
+func (m *Manager) waitWhile(ctx context.Context, cond func() bool) {
 	for {
 		m.mu.Lock()
-		st, ok := m.states[name]
-		starting, ch := ok && st.State == Starting, m.changed
+		wait, ch := cond(), m.changed
 		m.mu.Unlock()
-		if !starting {
+		if !wait {
 			return
 		}
 		select {
