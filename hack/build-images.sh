@@ -40,13 +40,39 @@ fi
 # libcni cache and locks live in /var/lib/kurma-network (a persistent volume
 # in the networking pod). The image asks for host privilege with the
 # annotation kurma.dev/host-privileged=true (docs/networking.md).
+
+# plugin_image OUT NAME CNI_DIR [ACBUILD_ARGS...]: a network plugin image
+# around the default plugin's binary (main exec /netplugin and, copied,
+# /opt/network/add and /opt/network/del) with CNI_DIR as /opt/cni/bin and
+# an empty /var/lib/kurma-network, asking for host privilege.
+plugin_image() {
+  local out=$1 name=$2 cni=$3 stage
+  shift 3
+  stage=$(mktemp -d)
+  mkdir -p "$stage/state"
+  if ! "$BIN/kurma-acbuild" build -o "$out" --name "$name" --gzip \
+    --exec /netplugin --annotation kurma.dev/host-privileged=true \
+    --env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@" \
+    --label os=linux --label arch="$(go env GOARCH)" \
+    --add "$BIN/kurma-netplugin:/netplugin" \
+    --add "$BIN/kurma-netplugin:/opt/network/add" \
+    --add "$BIN/kurma-netplugin:/opt/network/del" \
+    --add "$cni:/opt/cni/bin" \
+    --add "$stage/state:/var/lib/kurma-network" >/dev/null; then
+    rm -rf "$stage"
+    return 1
+  fi
+  rm -rf "$stage"
+  echo "built $out"
+}
+
 netplugin_image() {
-  local stage acb=("$BIN/kurma-acbuild" build) priv
+  local stage rc
   for f in kurma-netplugin kurma-acbuild cni/bridge cni/host-local; do
     [ -e "$BIN/$f" ] || { echo "netplugin image: $BIN/$f missing (make binaries tools)" >&2; return 1; }
   done
   stage=$(mktemp -d)
-  mkdir -p "$stage/state" "$stage/root"
+  mkdir -p "$stage/root"
   # The bridge plugin's ipMasq needs nft (knftables drives the binary): copy
   # the host's nft with the shared libraries it links, at their own paths.
   local nft extra=()
@@ -58,26 +84,10 @@ netplugin_image() {
   else
     echo "netplugin image: nft not found; ipMasq will not work in the image" >&2
   fi
-  # kurma-acbuild may not know --annotation yet; then fall back to a label
-  # of the same name (the daemon accepts either, see docs/networking.md).
-  if "$BIN/kurma-acbuild" build -h 2>&1 | grep -q -- '-annotation'; then
-    priv=(--annotation kurma.dev/host-privileged=true)
-  else
-    priv=(--label kurma.dev/host-privileged=true)
-  fi
-  if ! "${acb[@]}" -o "$BIN/images/kurma-netplugin.aci" --name kurma.dev/netplugin --gzip \
-    --exec /netplugin "${priv[@]}" --env PATH=/usr/sbin:/usr/bin:/sbin:/bin "${extra[@]}" \
-    --label os=linux --label arch="$(go env GOARCH)" \
-    --add "$BIN/kurma-netplugin:/netplugin" \
-    --add "$BIN/kurma-netplugin:/opt/network/add" \
-    --add "$BIN/kurma-netplugin:/opt/network/del" \
-    --add "$BIN/cni:/opt/cni/bin" \
-    --add "$stage/state:/var/lib/kurma-network" >/dev/null; then
-    rm -rf "$stage"
-    return 1
-  fi
+  plugin_image "$BIN/images/kurma-netplugin.aci" kurma.dev/netplugin "$BIN/cni" "${extra[@]}"
+  rc=$?
   rm -rf "$stage"
-  echo "built $BIN/images/kurma-netplugin.aci"
+  return $rc
 }
 netplugin_image
 # --- end network plugin image ---
@@ -91,32 +101,16 @@ netplugin_image
 # default image: the agent plugs the port, but the plugin still runs with
 # host networking to reach the controller on the host's loopback.
 mizarmp_netplugin_image() {
-  local stage priv
+  local stage rc
   for f in kurma-netplugin kurma-acbuild mizarmp; do
     [ -e "$BIN/$f" ] || { echo "mizarmp image: $BIN/$f missing (make binaries)" >&2; return 1; }
   done
   stage=$(mktemp -d)
-  mkdir -p "$stage/cni" "$stage/state"
-  cp "$BIN/mizarmp" "$stage/cni/mizarmp"
-  if "$BIN/kurma-acbuild" build -h 2>&1 | grep -q -- '-annotation'; then
-    priv=(--annotation kurma.dev/host-privileged=true)
-  else
-    priv=(--label kurma.dev/host-privileged=true)
-  fi
-  if ! "$BIN/kurma-acbuild" build -o "$BIN/images/kurma-netplugin-mizarmp.aci" \
-    --name kurma.dev/netplugin-mizarmp --gzip --exec /netplugin "${priv[@]}" \
-    --env PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-    --label os=linux --label arch="$(go env GOARCH)" \
-    --add "$BIN/kurma-netplugin:/netplugin" \
-    --add "$BIN/kurma-netplugin:/opt/network/add" \
-    --add "$BIN/kurma-netplugin:/opt/network/del" \
-    --add "$stage/cni:/opt/cni/bin" \
-    --add "$stage/state:/var/lib/kurma-network" >/dev/null; then
-    rm -rf "$stage"
-    return 1
-  fi
+  cp "$BIN/mizarmp" "$stage/mizarmp"
+  plugin_image "$BIN/images/kurma-netplugin-mizarmp.aci" kurma.dev/netplugin-mizarmp "$stage"
+  rc=$?
   rm -rf "$stage"
-  echo "built $BIN/images/kurma-netplugin-mizarmp.aci"
+  return $rc
 }
 mizarmp_netplugin_image
 # --- end mizarmp network plugin image ---
