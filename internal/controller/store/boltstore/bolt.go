@@ -50,6 +50,9 @@ type Store struct {
 	closeOnce sync.Once
 	quit      chan struct{} // closed by Close: the writer drains and exits
 	done      chan struct{} // closed when the writer has exited
+
+	trimReq  chan struct{} // asks the trimmer to unmap now (buffered, 1)
+	trimDone chan struct{} // closed when the trimmer has exited
 }
 
 var _ store.Store = (*Store)(nil)
@@ -75,10 +78,12 @@ func Open(path string, opts Options) (*Store, error) {
 		// and remapping waits for every open read transaction: without
 		// it a slow watch replaying a million ports would stall writes.
 		InitialMmapSize: 8 << 30,
-		// Map the file with its page tables filled in (as etcd does on
-		// Linux): a large store opened cold otherwise takes a page fault
-		// for each page a commit first touches, which set the create-to-UP
-		// tail for minutes after a restart.
+		// Map the file with MAP_POPULATE (as etcd does on Linux): it reads
+		// the whole file into the page cache at open, so a large store
+		// opened cold does not take a disk read for each page a commit
+		// first touches (which set the create-to-UP tail for minutes
+		// after a restart). The page table entries it also fills are
+		// dropped again right after open; see trim.go.
 		MmapFlags: syscall.MAP_POPULATE,
 	})
 	if err != nil {
@@ -115,9 +120,16 @@ func Open(path string, opts Options) (*Store, error) {
 		log:  opts.Logger,
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
+
+		trimReq:  make(chan struct{}, 1),
+		trimDone: make(chan struct{}),
 	}
 	s.rev.Store(rev)
+	// Opening scanned every page (MAP_POPULATE, and the freelist rebuild
+	// NoFreelistSync implies): unmap them before the first write.
+	s.trim()
 	go s.writer()
+	go s.trimmer(trimInterval)
 	return s, nil
 }
 
@@ -127,6 +139,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.done
+		<-s.trimDone
 		s.hub.close()
 		err = s.db.Close()
 	})
@@ -182,17 +195,18 @@ func (s *Store) List(ctx context.Context, prefix string) ([]store.KV, int64, err
 		}
 		return nil
 	})
+	s.scanned(len(out))
 	return out, rev, err
 }
 
 // ForEach implements store.Store.
 func (s *Store) ForEach(ctx context.Context, prefix string, fn func(store.KV) error) (int64, error) {
 	var rev int64
+	n := 0
 	err := s.db.View(func(tx *bolt.Tx) error {
 		rev = readRev(tx)
 		c := tx.Bucket(kvBucket).Cursor()
 		p := []byte(prefix)
-		n := 0
 		for k, raw := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, raw = c.Next() {
 			if n++; n%1024 == 0 && ctx.Err() != nil {
 				return ctx.Err()
@@ -205,6 +219,7 @@ func (s *Store) ForEach(ctx context.Context, prefix string, fn func(store.KV) er
 		}
 		return nil
 	})
+	s.scanned(n)
 	return rev, err
 }
 
@@ -430,6 +445,7 @@ func (s *Store) BulkLoad(ctx context.Context, kvs []store.KV) error {
 	if err != nil {
 		return fmt.Errorf("bulk load: %w", err)
 	}
+	s.scanned(len(kvs))
 	return nil
 }
 

@@ -12,6 +12,11 @@
 // restart, watches older than the restart revision get store.ErrCompacted
 // and clients re-list, which is the documented recovery path.
 //
+// Reads go through bbolt's shared mapping of the file; the store trims
+// that mapping's page-table entries after open, long scans and every few
+// seconds of writes (trim.go), because pages written back while mapped
+// made every fsync of a large store slower.
+//
 // Locking: hub.mu guards the in-memory event history; the writer goroutine
 // is the only one that writes to bbolt.
 //
