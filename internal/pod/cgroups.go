@@ -28,13 +28,19 @@ type cgroupMount struct {
 
 // mountInfo is one line of /proc/self/mountinfo.
 type mountInfo struct {
-	ID     int // mount ID, unique while mounted
+	ID     int    // mount ID, unique while mounted
+	Dev    string // major:minor
+	Root   string // the mounted folder of the file system
 	Point  string
 	FSType string
 }
 
-func readMountInfo() ([]mountInfo, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+func readMountInfo() ([]mountInfo, error) { return readMountInfoOf("self") }
+
+// readMountInfoOf reads the mount table of process pid ("self" for this
+// one).
+func readMountInfoOf(pid string) ([]mountInfo, error) {
+	f, err := os.Open("/proc/" + pid + "/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
@@ -64,7 +70,7 @@ func parseMountInfo(r io.Reader) ([]mountInfo, error) {
 			continue
 		}
 		id, _ := strconv.Atoi(fields[0])
-		out = append(out, mountInfo{ID: id, Point: mountinfo.Unescape(fields[4]), FSType: fields[sep+1]})
+		out = append(out, mountInfo{ID: id, Dev: fields[2], Root: mountinfo.Unescape(fields[3]), Point: mountinfo.Unescape(fields[4]), FSType: fields[sep+1]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)

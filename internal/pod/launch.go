@@ -28,9 +28,9 @@ type launched struct {
 	log    *os.File
 	waited chan struct{} // closed when cmd.Wait returned
 	status string        // exit status, set before waited closes
-	// mounts are the host's mount IDs just after a spare started: its
-	// copy of the host's mount namespace holds at most these.
-	mounts map[int]bool
+	// mounts are the mounts of a spare's own mount namespace, read just
+	// after it started, counted by mountKey.
+	mounts map[string]int
 }
 
 // prepareStagerRoot makes the pod's view of the stager's root: folders

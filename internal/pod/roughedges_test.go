@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -319,4 +320,69 @@ func TestSpareDoesNotPinHostMounts(t *testing.T) {
 		defer f.rt.spareMu.Unlock()
 		return f.rt.spare != nil
 	})
+}
+
+// TestSpareKnowsItsOwnMounts: what a spare holds is read from its own
+// mount table, so a host mount made after it started (as a pod's netns
+// bind is, while the next spare starts) is not counted as held, and its
+// unmount does not retire the spare.
+func TestSpareKnowsItsOwnMounts(t *testing.T) {
+	testutil.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("root integration test (not in -short)")
+	}
+	f := newFixture(t, "", nil)
+	p, err := f.rt.spawn(spareArg, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.abandon)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+
+	held, err := mountKeys(strconv.Itoa(p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := mountKeys("self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var late string
+	for k := range host {
+		if strings.HasSuffix(k, " "+dir) {
+			late = k
+		}
+	}
+	if late == "" {
+		t.Fatalf("the host's table lacks the new mount at %s", dir)
+	}
+	if held[late] != 0 {
+		t.Fatalf("the spare is said to hold %q, mounted after it started", late)
+	}
+	if staleSpare(held, host) {
+		t.Fatal("a fresh spare is stale against the host's current table")
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	after, err := mountKeys("self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if staleSpare(held, after) {
+		t.Fatal("unmounting a mount the spare never had makes it stale")
+	}
+	// A mount it does hold, gone from the host, makes it stale.
+	for k := range held {
+		after[k]--
+		if !staleSpare(held, after) {
+			t.Fatalf("the host lost %q, held by the spare, yet the spare is not stale", k)
+		}
+		after[k]++
+		break
+	}
 }

@@ -2,6 +2,7 @@ package pod
 
 import (
 	"context"
+	"strconv"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -20,8 +21,11 @@ import (
 // not shared, as on hosts without systemd), the copy keeps every mount
 // that existed when the spare started, and with it, say, a network
 // namespace whose bind mount the host removed. So watchMounts retires an
-// idle spare as soon as a host mount it may hold is unmounted, and starts
-// another.
+// idle spare as soon as a mount it holds is gone from the host, and starts
+// another. What it holds is read from the spare's own mount table, not
+// guessed from the host's around its start: a pod's mounts made while the
+// spare was starting (its netns bind, say) are not in the copy, and their
+// removal must not cost a spare.
 
 // takeSpare returns the warm spare, if any, and starts making the next.
 func (r *Runtime) takeSpare() *launched {
@@ -60,7 +64,7 @@ func (r *Runtime) refillSpare() {
 		defer r.wg.Done()
 		p, err := r.spawn(spareArg, nil, false)
 		if err == nil {
-			if p.mounts, err = mountIDs(); err != nil {
+			if p.mounts, err = mountKeys(strconv.Itoa(p.cmd.Process.Pid)); err != nil {
 				p.abandon()
 			}
 		}
@@ -92,24 +96,29 @@ func (r *Runtime) dropSpare() {
 	}
 }
 
-// mountIDs returns the IDs of the host's current mounts.
-func mountIDs() (map[int]bool, error) {
-	mis, err := readMountInfo()
+// mountKey names a mount the same way in the host's table and in a copy
+// of it (mount IDs differ between the two): device, root, mount point.
+func mountKey(m mountInfo) string { return m.Dev + " " + m.Root + " " + m.Point }
+
+// mountKeys counts the mounts of process pid ("self": this one) by
+// mountKey.
+func mountKeys(pid string) (map[string]int, error) {
+	mis, err := readMountInfoOf(pid)
 	if err != nil {
 		return nil, err
 	}
-	ids := make(map[int]bool, len(mis))
+	keys := make(map[string]int, len(mis))
 	for _, m := range mis {
-		ids[m.ID] = true
+		keys[mountKey(m)]++
 	}
-	return ids, nil
+	return keys, nil
 }
 
-// staleSpare reports whether a spare started when the host had the mounts
-// held may hold one the host has unmounted since.
-func staleSpare(held, now map[int]bool) bool {
-	for id := range held {
-		if !now[id] {
+// staleSpare reports whether a spare holding the mounts held holds one
+// the host (now) no longer has.
+func staleSpare(held, now map[string]int) bool {
+	for k, n := range held {
+		if now[k] < n {
 			return true
 		}
 	}
@@ -156,7 +165,7 @@ func (r *Runtime) watchMounts() {
 		if p == nil {
 			continue
 		}
-		now, err := mountIDs()
+		now, err := mountKeys("self")
 		if err != nil || !staleSpare(p.mounts, now) {
 			continue
 		}
