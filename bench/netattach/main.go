@@ -36,14 +36,15 @@ import (
 	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/stageinit"
 
 	"kurma.dev/kurma/bench/internal/benchutil"
 )
 
 func main() {
 	// The pod manager of -mode pod re-executes this binary as stage-init.
-	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
-		os.Exit(pod.StageInit(os.Args[2:]))
+	if len(os.Args) > 1 && os.Args[1] == stageinit.Arg {
+		os.Exit(stageinit.Main(os.Args[2:]))
 	}
 	iters := flag.Int("n", 60, "attach+detach cycles per path")
 	mode := flag.String("mode", "both", "host (HostCaller vs cnitool in a stand-in netns), pod (networking pod vs cnitool) or both")

@@ -20,6 +20,7 @@ import (
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/stageinit"
 
 	"kurma.dev/kurma/bench/internal/benchutil"
 )
@@ -27,8 +28,8 @@ import (
 const runs = 20
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
-		os.Exit(pod.StageInit(os.Args[2:]))
+	if len(os.Args) > 1 && os.Args[1] == stageinit.Arg {
+		os.Exit(stageinit.Main(os.Args[2:]))
 	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "podstart:", err)

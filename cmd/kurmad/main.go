@@ -4,21 +4,23 @@
 // unix socket until SIGTERM or SIGINT. Shutdown leaves pods running — a
 // restarted kurmad re-adopts them — unless --stop-pods-on-exit is given.
 //
-// The pod manager starts stagers by re-executing this binary with the hidden
-// first argument pod.StageInitArg; main dispatches it before anything else.
+// The pod manager starts stagers through kurma-stage-init beside this
+// binary or, where that is missing, by re-executing this binary with the
+// hidden first argument stageinit.Arg, which main dispatches before
+// anything else.
 package main
 
 import (
 	"os"
 
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/stageinit"
 )
 
 func main() {
-	// Must come first: the stager launcher's child re-executes us (see
-	// internal/pod/stageinit.go).
-	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
-		os.Exit(pod.StageInit(os.Args[2:]))
+	// Must come first: the stager launcher's child may re-execute us (see
+	// internal/pod/stageinit).
+	if len(os.Args) > 1 && os.Args[1] == stageinit.Arg {
+		os.Exit(stageinit.Main(os.Args[2:]))
 	}
 	os.Exit(run(os.Args[1:]))
 }

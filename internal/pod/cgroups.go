@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/mountinfo"
+	"kurma.dev/kurma/internal/pod/stageinit"
 )
 
 // cgroupMount is one cgroup hierarchy mounted on the host (v1 controller,
@@ -111,10 +112,10 @@ func cgroupMounts(mis []mountInfo) []cgroupMount {
 // binds them inside the stager's root, and tells whether /sys/fs/cgroup
 // itself is cgroup2 (then stage-init binds the pod's folder there instead
 // of making a tmpfs to hold one folder per v1 hierarchy).
-func stagerCgroups(cgs []cgroupMount, dirs []string) (binds []bindSpec, v2only bool) {
+func stagerCgroups(cgs []cgroupMount, dirs []string) (binds []stageinit.Bind, v2only bool) {
 	for i, cg := range cgs {
 		if i < len(dirs) {
-			binds = append(binds, bindSpec{Source: dirs[i], Target: cg.Path})
+			binds = append(binds, stageinit.Bind{Source: dirs[i], Target: cg.Path})
 			v2only = v2only || (cg.V2 && cg.Path == "/sys/fs/cgroup")
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/pkg/appc"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
@@ -495,11 +496,11 @@ func (b *build) unprepareRootfs(ctx context.Context) {
 }
 
 // overlay is the stager root's overlay, nil in copy mode.
-func (b *build) overlay() *overlaySpec {
+func (b *build) overlay() *stageinit.Overlay {
 	if b.r.copyRoot {
 		return nil
 	}
-	return &overlaySpec{
+	return &stageinit.Overlay{
 		Lower: b.stagerFS[0].Path,
 		Upper: filepath.Join(b.dir, "stager.upper"),
 		Work:  filepath.Join(b.dir, "stager.work"),

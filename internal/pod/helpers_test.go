@@ -14,14 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/appc"
 )
 
 // TestMain lets the test binary serve as kurmad for the stage-init re-exec.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == StageInitArg {
-		os.Exit(StageInit(os.Args[2:]))
+	if len(os.Args) > 1 && os.Args[1] == stageinit.Arg {
+		os.Exit(stageinit.Main(os.Args[2:]))
 	}
 	if cfg := os.Getenv(helperEnv); cfg != "" {
 		os.Exit(helperDaemon(cfg))

@@ -1,6 +1,8 @@
 package pod
 
 import (
+	"kurma.dev/kurma/internal/pod/stageinit"
+
 	"bufio"
 	"context"
 	"encoding/json"
@@ -126,7 +128,7 @@ func orphanSpares() []string {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !strings.HasPrefix(string(b), os.Args[0]+"\x00"+StageInitArg+"\x00"+spareArg) {
+		if err != nil || !strings.HasPrefix(string(b), os.Args[0]+"\x00"+stageinit.Arg+"\x00"+stageinit.SpareArg) {
 			continue
 		}
 		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")

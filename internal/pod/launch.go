@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 
@@ -83,7 +84,7 @@ func (b *build) launch(ctx context.Context) error {
 	r := b.r
 	spec := b.e.rec.Pod.Spec
 	hostNet := len(spec.Networks) == 1 && spec.Networks[0] == "host"
-	c := stageConfig{
+	c := stageinit.Config{
 		Root:     b.stagerRoot(),
 		Overlay:  b.overlay(),
 		Hostname: spec.Name,
@@ -96,10 +97,10 @@ func (b *build) launch(ctx context.Context) error {
 		c.Env = append(c.Env, e.Name+"="+e.Value)
 	}
 	for id, p := range b.layers {
-		c.Binds = append(c.Binds, bindSpec{Source: p, Target: filepath.Join(stagerspec.LayersDir, id), ReadOnly: true})
+		c.Binds = append(c.Binds, stageinit.Bind{Source: p, Target: filepath.Join(stagerspec.LayersDir, id), ReadOnly: true})
 	}
 	for name, src := range b.volumes {
-		c.Binds = append(c.Binds, bindSpec{Source: src, Target: filepath.Join(stagerspec.VolumesDir, name), ReadOnly: b.ro[name]})
+		c.Binds = append(c.Binds, stageinit.Bind{Source: src, Target: filepath.Join(stagerspec.VolumesDir, name), ReadOnly: b.ro[name]})
 	}
 	c.Cgroups, c.CgroupV2Only = stagerCgroups(r.cgroups, b.e.rec.Cgroups)
 	arg, err := json.Marshal(&c)
@@ -156,7 +157,7 @@ func (b *build) launch(ctx context.Context) error {
 }
 
 // spawn starts a stage-init child in new namespaces: arg is its config
-// (or spareArg), out its stdout and stderr (nil: /dev/null); share lists
+// (or stageinit.SpareArg), out its stdout and stderr (nil: /dev/null); share lists
 // clone flags of namespaces it keeps from the host (hostShared).
 func (r *Runtime) spawn(arg string, out *os.File, hostNet bool, share ...uintptr) (*launched, error) {
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -179,7 +180,7 @@ func (r *Runtime) spawn(arg string, out *os.File, hostNet bool, share ...uintptr
 	}
 	defer statW.Close()
 	p := &launched{goW: goW, readyR: readyR, statR: statR, waited: make(chan struct{})}
-	cmd := exec.Command(r.opts.Executable, StageInitArg, arg)
+	cmd := exec.Command(r.opts.Executable, stageinit.Arg, arg)
 	if out != nil {
 		cmd.Stdout, cmd.Stderr = out, out
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/appc"
 )
@@ -332,7 +333,7 @@ func TestSpareKnowsItsOwnMounts(t *testing.T) {
 		t.Skip("root integration test (not in -short)")
 	}
 	f := newFixture(t, "", nil)
-	p, err := f.rt.spawn(spareArg, nil, false)
+	p, err := f.rt.spawn(stageinit.SpareArg, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}

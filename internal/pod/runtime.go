@@ -41,8 +41,10 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// KurmaVersion goes into the stager manifest.
 	KurmaVersion string
-	// Executable is the binary re-executed as `<exe> stage-init` (default
-	// os.Executable()). It must dispatch to StageInit; see launch.go.
+	// Executable is the binary started as `<exe> stage-init CONFIG`, which
+	// must run stageinit.Main. Default: kurma-stage-init beside this
+	// program's executable, else this program itself (kurmad dispatches
+	// stage-init first thing).
 	Executable string
 	// Nsenter is the nsenter binary used for call-ins (default: looked up
 	// in PATH).
@@ -131,6 +133,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 			return nil, fmt.Errorf("find own executable: %w", err)
 		}
 		opts.Executable = exe
+		if helper := filepath.Join(filepath.Dir(exe), StageInitBinary); isExecutable(helper) {
+			opts.Executable = helper
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -202,3 +207,13 @@ func (r *Runtime) isClosed() bool {
 }
 
 func (r *Runtime) podDir(uuid string) string { return filepath.Join(r.opts.PodsDir, uuid) }
+
+// StageInitBinary is the name of the stage-init program that kurmad looks
+// for beside its own executable (cmd/kurma-stage-init).
+const StageInitBinary = "kurma-stage-init"
+
+// isExecutable reports whether path is a regular file someone may execute.
+func isExecutable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0
+}

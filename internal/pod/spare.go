@@ -1,6 +1,8 @@
 package pod
 
 import (
+	"kurma.dev/kurma/internal/pod/stageinit"
+
 	"context"
 	"strconv"
 	"sync"
@@ -62,7 +64,7 @@ func (r *Runtime) refillSpare() {
 	r.spareMu.Unlock()
 	go func() {
 		defer r.wg.Done()
-		p, err := r.spawn(spareArg, nil, false)
+		p, err := r.spawn(stageinit.SpareArg, nil, false)
 		if err == nil {
 			if p.mounts, err = mountKeys(strconv.Itoa(p.cmd.Process.Pid)); err != nil {
 				p.abandon()

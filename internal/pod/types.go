@@ -172,3 +172,11 @@ type Manager interface {
 	// either side closes.
 	Attach(ctx context.Context, ref, app string, stdio IO) error
 }
+
+// TTYAnnotation on a RuntimeApp of the stager manifest ("true") asks the
+// stager for a terminal for that app (AppSpec.TTY; docs/stager.md).
+const TTYAnnotation = "kurma.dev/tty"
+
+// TTYSizeAnnotation ("ROWSxCOLS") is the size of that terminal when the app
+// starts (AppSpec.TTYSize).
+const TTYSizeAnnotation = "kurma.dev/tty-size"

@@ -3,9 +3,7 @@ package appc
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
-	"sync"
 )
 
 // Schema versions Kurma writes.
@@ -130,27 +128,56 @@ type Volume struct {
 	ReadOnly *bool  `json:"readOnly,omitempty"`
 }
 
-// The patterns are compiled on first use, not at package init: short-lived
-// programs that import this package (the stager's call-ins) never pay for
-// the ones they do not use.
-var (
-	imageIDRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^sha512-[0-9a-f]{32,128}$`) })
-	acNameRe  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]+([-a-z0-9]*[a-z0-9])?$`) })
-	envNameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`) })
-)
+// The validators below are written out rather than regular expressions:
+// the stager validates its manifest right after it starts, and compiling
+// even three small patterns there (code first run, allocations, page
+// faults) cost more than the rest of the validation. schema_test.go checks
+// them against the patterns they implement.
 
-// ValidImageID reports whether id is an appc image ID ("sha512-" and lower
-// hex). Image IDs become directory names (/layers/<id>), so nothing else is
-// accepted.
-func ValidImageID(id string) bool { return imageIDRe().MatchString(id) }
+// ValidImageID reports whether id is an appc image ID: "sha512-" and 32 to
+// 128 lower-case hex digits (^sha512-[0-9a-f]{32,128}$). Image IDs become
+// directory names (/layers/<id>), so nothing else is accepted.
+func ValidImageID(id string) bool {
+	const prefix = "sha512-"
+	if len(id) < len(prefix)+32 || len(id) > len(prefix)+128 || id[:len(prefix)] != prefix {
+		return false
+	}
+	for i := len(prefix); i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
-// ValidACName reports whether s is an appc AC Name (lower-case letters,
-// digits and inner dashes): the form of app and volume names, which become
-// directory names.
-func ValidACName(s string) bool { return len(s) <= 253 && acNameRe().MatchString(s) }
+// ValidACName reports whether s is an appc AC Name of at most 253 bytes:
+// lower-case letters, digits and inner dashes (^[a-z0-9]+([-a-z0-9]*[a-z0-9])?$),
+// the form of app and volume names, which become directory names.
+func ValidACName(s string) bool {
+	if len(s) == 0 || len(s) > 253 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
-// ValidEnvName reports whether s is a POSIX environment variable name.
-func ValidEnvName(s string) bool { return envNameRe().MatchString(s) }
+// ValidEnvName reports whether s is a POSIX environment variable name
+// (^[A-Za-z_][A-Za-z0-9_]*$).
+func ValidEnvName(s string) bool {
+	if len(s) == 0 || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
 
 // Validate checks what Kurma relies on in an image manifest.
 func (m *ImageManifest) Validate() error {

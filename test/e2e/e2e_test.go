@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,6 +53,36 @@ func TestE2E(t *testing.T) {
 		if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 || st.Uid != 0 || st.Gid != 0 {
 			t.Fatalf("socket %v uid %d gid %d, want socket 0660 root:root", fi.Mode(), st.Uid, st.Gid)
 		}
+	})
+
+	t.Run("stage-init-binary", func(t *testing.T) {
+		// kurmad keeps a warm spare started from kurma-stage-init beside
+		// it, not from a re-execution of its own (larger) binary.
+		want := filepath.Join(filepath.Dir(b.kurmad), "kurma-stage-init") + "\x00stage-init\x00-spare\x00"
+		eventually(t, 10*time.Second, func() error {
+			ents, err := os.ReadDir("/proc")
+			if err != nil {
+				return err
+			}
+			var seen []string
+			for _, e := range ents {
+				stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+				if err != nil {
+					continue // not a process, or gone
+				}
+				// The parent PID is the second field after the ")" of comm.
+				f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+				if len(f) < 2 || f[1] != strconv.Itoa(d.cmd.Process.Pid) {
+					continue
+				}
+				cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+				if err == nil && string(cl) == want {
+					return nil
+				}
+				seen = append(seen, strings.ReplaceAll(string(cl), "\x00", " "))
+			}
+			return fmt.Errorf("no spare %q among kurmad's children %q", want, seen)
+		})
 	})
 
 	t.Run("group", func(t *testing.T) {

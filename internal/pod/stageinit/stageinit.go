@@ -1,21 +1,4 @@
-// NOTE for cmd/kurmad/main.go (API/CLI engineer): the pod manager starts
-// every stager by re-executing the kurmad binary as
-//
-//	kurmad stage-init <json>     (or: kurmad stage-init -spare, a warm
-//	                              spare that gets its config on fd 3)
-//
-// so main must, before anything else (flags, logging, config):
-//
-//	if len(os.Args) > 1 && os.Args[1] == pod.StageInitArg {
-//		os.Exit(pod.StageInit(os.Args[2:]))
-//	}
-//
-// The child is already in its new mount/net/UTS/IPC namespaces (clone
-// flags), so the Go runtime's threads all share them; it sets up the
-// stager's root, waits for the daemon's go-ahead, pivots into the root
-// (detaching the host's mount tree) and execs the stager.
-
-package pod
+package stageinit
 
 import (
 	"encoding/json"
@@ -30,60 +13,63 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// StageInitArg is the hidden first argument that makes kurmad run StageInit.
-const StageInitArg = "stage-init"
+// Arg is the first argument of a stage-init command line:
+// `<binary> stage-init <json>`, or `<binary> stage-init -spare`.
+const Arg = "stage-init"
 
 // File descriptors of the daemon → stage-init protocol. ReadyFD (4) is the
 // stager spec's readiness pipe and passes through to the stager.
 const (
-	goFD     = 3 // read end: one byte "go" from the daemon, EOF = abort
-	statusFD = 5 // write end, close-on-exec: an error message, or EOF on exec
+	GoFD     = 3 // read end: one byte "go" from the daemon, EOF = abort
+	StatusFD = 5 // write end, close-on-exec: an error message, or EOF on exec
 )
 
-// overlaySpec is the overlay of a stager's root.
-type overlaySpec struct {
+// Overlay is the overlay of a stager's root.
+type Overlay struct {
 	Lower string `json:"lower"`
 	Upper string `json:"upper"`
 	Work  string `json:"work"`
 }
 
-// bindSpec is one bind mount into the stager root.
-type bindSpec struct {
+// Bind is one bind mount into the stager root.
+type Bind struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"` // path inside the root
 	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
-// stageConfig is what the daemon passes to stage-init (as argv[2]).
-type stageConfig struct {
+// Config is what the daemon passes to stage-init (as argv[2], or on fd 3
+// to a spare).
+type Config struct {
 	Root string `json:"root"`
 	// Overlay, when set, is mounted at Root first (inside the stager's
 	// mount namespace: the host never sees it).
-	Overlay  *overlaySpec `json:"overlay,omitempty"`
-	Hostname string       `json:"hostname,omitempty"`
-	HostNet  bool         `json:"hostNet,omitempty"`
+	Overlay  *Overlay `json:"overlay,omitempty"`
+	Hostname string   `json:"hostname,omitempty"`
+	HostNet  bool     `json:"hostNet,omitempty"`
 	// Slave makes the mounts rslave instead of rprivate (the host's later
 	// mounts under bound volumes then appear in the stager).
-	Slave bool       `json:"slave,omitempty"`
-	Binds []bindSpec `json:"binds"`
+	Slave bool   `json:"slave,omitempty"`
+	Binds []Bind `json:"binds"`
 	// Cgroups bind the pod's cgroup folders at their hierarchy's mount
 	// point inside the root.
-	Cgroups []bindSpec `json:"cgroups,omitempty"`
+	Cgroups []Bind `json:"cgroups,omitempty"`
 	// CgroupV2Only is set when /sys/fs/cgroup itself is cgroup2.
 	CgroupV2Only bool     `json:"cgroupV2Only,omitempty"`
 	Exec         []string `json:"exec"`
 	Env          []string `json:"env,omitempty"`
 }
 
-// StageInit is the body of `kurmad stage-init`: it runs in the fresh
+// Main is the body of `kurma-stage-init stage-init` (and of `kurmad
+// stage-init`): args are the arguments after Arg. it runs in the fresh
 // namespaces of a new stager, prepares its root, waits for the daemon's
 // go-ahead on fd 3, pivots into the root and execs the stager with fd 4 (readiness) as
 // the only extra descriptor. It returns an exit code only on failure, after
 // writing the reason to fd 5 and stderr.
-func StageInit(args []string) int {
+func Main(args []string) int {
 	fail := func(err error) int {
 		msg := "stage-init: " + err.Error()
-		st := os.NewFile(statusFD, "status")
+		st := os.NewFile(StatusFD, "status")
 		_, _ = st.Write([]byte(msg))
 		fmt.Fprintln(os.Stderr, msg)
 		return 1
@@ -91,11 +77,11 @@ func StageInit(args []string) int {
 	if len(args) != 1 {
 		return fail(errors.New("expects one JSON argument"))
 	}
-	unix.CloseOnExec(goFD)
-	unix.CloseOnExec(statusFD)
+	unix.CloseOnExec(GoFD)
+	unix.CloseOnExec(StatusFD)
 	cfg := []byte(args[0])
 	prepared := false
-	if args[0] == spareArg {
+	if args[0] == SpareArg {
 		// A warm spare: the config and the log descriptor come later.
 		// What needs no config is done while it waits (a spare never has
 		// host networking).
@@ -109,7 +95,7 @@ func StageInit(args []string) int {
 			return 0 // the daemon let its spare go
 		}
 	}
-	var c stageConfig
+	var c Config
 	if err := json.Unmarshal(cfg, &c); err != nil {
 		return fail(fmt.Errorf("decode config: %w", err))
 	}
@@ -120,7 +106,7 @@ func StageInit(args []string) int {
 		return fail(err)
 	}
 	var b [1]byte
-	if n, _ := io.ReadFull(os.NewFile(goFD, "go"), b[:]); n != 1 {
+	if n, _ := io.ReadFull(os.NewFile(GoFD, "go"), b[:]); n != 1 {
 		return fail(errors.New("daemon aborted the start"))
 	}
 	if err := pivotRoot(c.Root); err != nil {
@@ -137,16 +123,9 @@ func StageInit(args []string) int {
 	return fail(fmt.Errorf("exec stager %s: %w", exe, err))
 }
 
-// TTYAnnotation on a RuntimeApp of the stager manifest ("true") asks the
-// stager for a terminal for that app (AppSpec.TTY; docs/stager.md).
-const TTYAnnotation = "kurma.dev/tty"
-
-// TTYSizeAnnotation ("ROWSxCOLS") is the size of that terminal when the app
-// starts (AppSpec.TTYSize).
-const TTYSizeAnnotation = "kurma.dev/tty-size"
-
-// spareArg is stage-init's argument for a warm spare (see spare.go).
-const spareArg = "-spare"
+// SpareArg is the argument after Arg of a warm spare, which gets its
+// Config on fd 3 (see internal/pod/spare.go).
+const SpareArg = "-spare"
 
 // receiveConfig waits on fd 3 (a seqpacket socket) for the config message,
 // which carries the stager's log descriptor; the log becomes stdout and
@@ -154,7 +133,7 @@ const spareArg = "-spare"
 func receiveConfig() ([]byte, error) {
 	buf := make([]byte, 1<<20)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := unix.Recvmsg(goFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, _, _, err := unix.Recvmsg(GoFD, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("receive config: %w", err)
 	}
@@ -180,8 +159,7 @@ func receiveConfig() ([]byte, error) {
 
 // upLoopback brings up the loopback of a new network namespace (it needs
 // no config, so a spare does it while it waits). An ioctl, not netlink:
-// the kurma CLI links this package, and each package linked costs every
-// command its initialisation.
+// every package linked costs each stage-init start its initialisation.
 func upLoopback(hostNet bool) {
 	if hostNet {
 		return
@@ -203,7 +181,7 @@ func upLoopback(hostNet bool) {
 // namespace, after cutting propagation to the host. (A spare keeps the
 // host's propagation until then, so that what the host unmounts meanwhile
 // is unmounted in its copy too instead of being pinned by it.)
-func setupRoot(c *stageConfig) error {
+func setupRoot(c *Config) error {
 	prop := uintptr(unix.MS_PRIVATE)
 	if c.Slave {
 		// Still nothing propagates to the host, but the host's mounts

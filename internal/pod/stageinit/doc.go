@@ -1,0 +1,17 @@
+// Package stageinit is the first process of every pod: started by the pod
+// manager (internal/pod) in the pod's fresh mount, UTS, IPC, PID and
+// network namespaces, it makes the stager spec's mounts in the stager's
+// root, waits for the daemon's go-ahead on fd 3, pivots into the root
+// (detaching the host's mount tree) and execs the stager, which keeps its
+// PID (1 of the pod's PID namespace) and fd 4, the readiness pipe.
+//
+// It runs as its own small binary, cmd/kurma-stage-init, so that its start
+// (and a warm spare's, which is made while pods start and stop) costs a
+// minimal Go runtime rather than the daemon's: on a machine where every
+// page fault is expensive the daemon's binary took twice the faults
+// (bench/podstart). `kurmad stage-init` runs the same code where that
+// binary is missing.
+//
+// Must import nothing of Kurma and as little else as it can: every package
+// linked costs each pod start its initialisation.
+package stageinit
