@@ -463,13 +463,14 @@ func (b *build) removeDirs(ctx context.Context) {
 }
 
 // removeFiles deletes a pod's folder (after detaching anything still
-// mounted under it) and its empty volumes.
+// mounted under it) and its empty volumes. The folder is renamed into the
+// trash at once and deleted in the background (see trash.go).
 func (r *Runtime) removeFiles(ctx context.Context, e *entry) error {
 	dir := r.podDir(e.rec.Pod.UUID)
 	if err := unmountUnder(dir); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := r.discard(dir); err != nil {
 		return fmt.Errorf("remove pod dir: %w", err)
 	}
 	if e.rec.Volumes != "" {

@@ -266,6 +266,9 @@ func (f *fixture) podDirs(t *testing.T) []string {
 	}
 	var out []string
 	for _, e := range ents {
+		if e.Name() == trashDir {
+			continue // removed pods, being deleted
+		}
 		out = append(out, e.Name())
 	}
 	return out

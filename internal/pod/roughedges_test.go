@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -385,5 +386,50 @@ func TestSpareKnowsItsOwnMounts(t *testing.T) {
 		}
 		after[k]++
 		break
+	}
+}
+
+// TestTrash: a removed pod's folder leaves the pods folder at once and is
+// deleted from the trash in the background; Close waits for that, and a
+// trash a dead daemon left (with a mount in it) is emptied on open.
+func TestTrash(t *testing.T) {
+	f := newFixture(t, "", nil)
+	p, err := f.rt.Create(t.Context(), f.spec("trash1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Remove(t.Context(), p.UUID, true); err != nil {
+		t.Fatal(err)
+	}
+	if dirs := f.podDirs(t); slices.Contains(dirs, p.UUID) {
+		t.Fatalf("pod folder %s still in the pods folder after Remove: %v", p.UUID, dirs)
+	}
+	f.reopen(t) // Close waits for the background deletion
+	trash := filepath.Join(f.opts.PodsDir, trashDir)
+	if ents, err := os.ReadDir(trash); err == nil && len(ents) > 0 {
+		t.Fatalf("trash not emptied by Close: %d entries", len(ents))
+	}
+
+	// Debris of a daemon killed mid-deletion, with a mount still in it.
+	debris := filepath.Join(trash, p.UUID+".7", "stager")
+	if err := os.MkdirAll(debris, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", debris, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(debris, unix.MNT_DETACH) })
+	f.reopen(t)
+	if _, err := os.Lstat(trash); !os.IsNotExist(err) {
+		t.Fatalf("trash left after open: %v", err)
+	}
+	mis, err := readMountInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mis {
+		if strings.HasPrefix(m.Point, trash) {
+			t.Fatalf("mount left in the trash: %s", m.Point)
+		}
 	}
 }

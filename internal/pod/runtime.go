@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -86,11 +87,15 @@ type Runtime struct {
 	// cgMu serialises the making of cgroup folders (shared parents).
 	cgMu sync.Mutex
 
-	// spareMu guards spare (the warm stage-init, spare.go) and spareBusy
-	// (one is being started).
 	// copyRoot: copy the stager rootfs per pod (no overlayfs here).
 	copyRoot bool
 
+	// trashSeq keeps the names in the trash unique when one pod's folder
+	// is discarded twice (trash.go).
+	trashSeq atomic.Uint64
+
+	// spareMu guards spare (the warm stage-init, spare.go) and spareBusy
+	// (one is being started).
 	spareMu   sync.Mutex
 	spare     *launched
 	spareBusy bool
@@ -160,6 +165,10 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		r.log.Warn("overlayfs unavailable under the pods dir; stager roots will be copied", "dir", opts.PodsDir)
 	}
 	r.closeCtx, r.closeCancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := r.emptyTrash(); err != nil {
+		r.closeCancel()
+		return nil, err
+	}
 	if err := r.recover(ctx); err != nil {
 		r.closeCancel()
 		return nil, err

@@ -244,7 +244,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		return fmt.Errorf("read pods dir: %w", err)
 	}
 	for _, de := range ents {
-		if !de.IsDir() {
+		if !de.IsDir() || de.Name() == trashDir {
 			continue
 		}
 		dir := filepath.Join(r.opts.PodsDir, de.Name())
