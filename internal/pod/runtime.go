@@ -209,6 +209,19 @@ func (r *Runtime) Close(ctx context.Context) error {
 	}
 }
 
+// startWork counts a background task that Close must wait for (the
+// caller runs r.wg.Done when it ends); it reports false, counting
+// nothing, once the Runtime is closed.
+func (r *Runtime) startWork() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.wg.Add(1)
+	return true
+}
+
 func (r *Runtime) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -45,13 +45,7 @@ func (r *Runtime) takeSpare() *launched {
 // refillSpare starts a new spare in the background unless one exists or
 // is being made.
 func (r *Runtime) refillSpare() {
-	r.mu.Lock()
-	closed := r.closed
-	if !closed {
-		r.wg.Add(1)
-	}
-	r.mu.Unlock()
-	if closed {
+	if !r.startWork() {
 		return
 	}
 	r.spareMu.Lock()

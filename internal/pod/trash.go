@@ -29,13 +29,7 @@ func (r *Runtime) discard(dir string) error {
 	if _, err := os.Lstat(dir); os.IsNotExist(err) {
 		return nil
 	}
-	r.mu.Lock()
-	closed := r.closed
-	if !closed {
-		r.wg.Add(1)
-	}
-	r.mu.Unlock()
-	if closed {
+	if !r.startWork() {
 		return os.RemoveAll(dir)
 	}
 	trash := filepath.Join(r.opts.PodsDir, trashDir)
