@@ -203,6 +203,8 @@ func (r *Runtime) Close(ctx context.Context) error {
 	select {
 	case <-done:
 		r.dropSpare()
+		// The background deletions are done: leave no empty trash behind.
+		_ = os.Remove(filepath.Join(r.opts.PodsDir, trashDir))
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("close pod manager: %w", ctx.Err())

@@ -14,9 +14,9 @@ import (
 // took about half of a `kurma run --rm`'s removal. So removeFiles renames
 // the folder into <pods>/.trash, which is one rename on the same file
 // system, and a goroutine deletes it from there; the pod is gone from
-// <pods> when Remove returns. Close waits for those deletions; a trash
-// left by a daemon that died meanwhile is emptied when the next one opens
-// the pods folder, before it looks at any pod.
+// <pods> when Remove returns. Close waits for those deletions and removes
+// the empty trash; a trash left by a daemon that died meanwhile is emptied
+// when the next one opens the pods folder, before it looks at any pod.
 
 // trashDir is the trash's name in the pods folder. It is not a UUID, so
 // no pod folder can have it.
