@@ -29,7 +29,9 @@ import (
 // With RequireSignature (stager images) the image must carry a detached
 // signature (URI + ".sig") by a key of Options.Keyring over its ID, and must
 // have no dependencies; otherwise the pull fails with kerrors.Unauthorized
-// and stores nothing.
+// and stores nothing. A stored image whose verifying key is no longer
+// trusted is checked against the signature found now, and fetched again
+// when that signature is not over it (the image was rebuilt).
 //
 // A fetch shared by concurrent callers runs under the first caller's
 // context and reports progress to the first caller only.
@@ -52,18 +54,22 @@ func (s *FSStore) Pull(ctx context.Context, uri string, opts PullOptions) (*Imag
 		}
 	}
 	s.mu.RUnlock()
-	if cached != nil {
-		if opts.RequireSignature && (verifiedBy == "" || !s.opts.Keyring.HasKeyID(verifiedBy)) {
-			sig, err := s.fetchSig(ctx, u)
-			if err != nil {
-				return nil, err
-			}
-			kid, err := s.checkTrust(cached.ID, &cached.Manifest, sig)
-			if err != nil {
-				return nil, err
-			}
-			s.setVerified(cached.ID, kid)
+	if cached != nil && opts.RequireSignature && (verifiedBy == "" || !s.opts.Keyring.HasKeyID(verifiedBy)) {
+		sig, err := s.fetchSig(ctx, u)
+		if err != nil {
+			return nil, err
 		}
+		if kid, err := s.checkTrust(cached.ID, &cached.Manifest, sig); err == nil {
+			s.setVerified(cached.ID, kid)
+		} else {
+			// The signature there now is not over the stored image: the
+			// image behind the reference may have been rebuilt (and
+			// signed by a new key) since it was stored. Fetch it again;
+			// that pull checks the signature against what it fetches.
+			cached = nil
+		}
+	}
+	if cached != nil {
 		if opts.Progress != nil {
 			opts.Progress(Progress{Status: "cached"})
 		}

@@ -97,6 +97,53 @@ func TestStagerTrust(t *testing.T) {
 	}
 }
 
+// A stager image rebuilt at the same path and signed by a new key (as
+// `make` does on a fresh checkout) replaces the stored one for a store that
+// trusts only the new key, instead of failing on the stored image.
+func TestStagerRebuiltAtSamePath(t *testing.T) {
+	oldPriv, oldRing := keypair(t)
+	newPriv, newRing := keypair(t)
+	src := t.TempDir()
+	p, oldID := buildACI(t, src, aciSpec{name: "kurma.dev/stager", files: map[string]string{"stager": "v1"}, exec: []string{"/stager"}})
+	if err := os.WriteFile(p+".sig", trust.Sign(oldPriv, oldID), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, root := newStore(t, image.Options{Keyring: oldRing})
+	if img, err := s.Pull(t.Context(), p, image.PullOptions{RequireSignature: true}); err != nil || img.ID != oldID {
+		t.Fatalf("first pull = %v, %v", img, err)
+	}
+	s.Close()
+
+	p2, newID := buildACI(t, src, aciSpec{name: "kurma.dev/stager", files: map[string]string{"stager": "v2"}, exec: []string{"/stager"}})
+	if p2 != p || newID == oldID {
+		t.Fatalf("rebuild: path %s id %s, want path %s and a new id", p2, newID, p)
+	}
+	if err := os.WriteFile(p+".sig", trust.Sign(newPriv, newID), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := image.Open(t.Context(), root, image.Options{Keyring: newRing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	img, err := s2.Pull(t.Context(), p, image.PullOptions{RequireSignature: true})
+	if err != nil || img.ID != newID {
+		t.Fatalf("pull of the rebuilt image = %v, %v; want %s", img, err, newID)
+	}
+	// The old image's signature no longer verifies under the new key, and
+	// a store that trusts neither refuses.
+	_, otherRing := keypair(t)
+	s2.Close()
+	s3, err := image.Open(t.Context(), root, image.Options{Keyring: otherRing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s3.Close() })
+	if _, err := s3.Pull(t.Context(), p, image.PullOptions{RequireSignature: true}); !errors.Is(err, kerrors.Unauthorized) {
+		t.Fatalf("pull trusting neither key: %v", err)
+	}
+}
+
 func TestStagerTrustHTTP(t *testing.T) {
 	priv, ring := keypair(t)
 	src := t.TempDir()
