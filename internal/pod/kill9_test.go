@@ -1,8 +1,6 @@
 package pod
 
 import (
-	"kurma.dev/kurma/internal/pod/stageinit"
-
 	"bufio"
 	"context"
 	"encoding/json"
@@ -14,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"kurma.dev/kurma/internal/pod/stageinit"
 )
 
 // helperEnv makes the test binary act as a stand-in kurmad (helperDaemon):

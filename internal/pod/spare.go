@@ -1,13 +1,13 @@
 package pod
 
 import (
-	"kurma.dev/kurma/internal/pod/stageinit"
-
 	"context"
 	"strconv"
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"kurma.dev/kurma/internal/pod/stageinit"
 )
 
 // A warm spare: one stage-init child kept started in fresh namespaces
