@@ -160,6 +160,13 @@ func (s *Server) CreatePorts(ctx context.Context, pid string, ports []capi.Port)
 			if ferr = s.refreshPlans(ctx, pid, plans); ferr != nil {
 				return nil, ferr
 			}
+			// An address taken meanwhile means this replica's cache of
+			// the subnet is stale, likely by more than that one address
+			// (another replica allocates from it too): re-read it, or
+			// each retry would learn one taken address at a time.
+			if ferr = s.reloadTrackers(ctx, plans); ferr != nil {
+				return nil, ferr
+			}
 		}
 		if ferr != nil || !retry || try >= maxCreateTries {
 			if ferr == nil {
@@ -266,6 +273,22 @@ func (s *Server) createFailed(plans []*plan, err error) (bool, error) {
 		return false, final
 	}
 	return retry, nil
+}
+
+// reloadTrackers re-reads the address bitmaps of the plans' subnets from
+// the store (reservations in flight are kept).
+func (s *Server) reloadTrackers(ctx context.Context, plans []*plan) error {
+	done := map[*subnetEntry]bool{}
+	for _, pl := range plans {
+		if done[pl.entry] {
+			continue
+		}
+		done[pl.entry] = true
+		if err := s.loadTracker(ctx, pl.entry, true); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // refreshPlans re-resolves plans whose subnet entry was dropped from the
