@@ -29,7 +29,6 @@ type cgroupMount struct {
 
 // mountInfo is one line of /proc/self/mountinfo.
 type mountInfo struct {
-	ID     int    // mount ID, unique while mounted
 	Dev    string // major:minor
 	Root   string // the mounted folder of the file system
 	Point  string
@@ -70,8 +69,7 @@ func parseMountInfo(r io.Reader) ([]mountInfo, error) {
 		if sep < 0 || sep+1 >= len(fields) {
 			continue
 		}
-		id, _ := strconv.Atoi(fields[0])
-		out = append(out, mountInfo{ID: id, Dev: fields[2], Root: mountinfo.Unescape(fields[3]), Point: mountinfo.Unescape(fields[4]), FSType: fields[sep+1]})
+		out = append(out, mountInfo{Dev: fields[2], Root: mountinfo.Unescape(fields[3]), Point: mountinfo.Unescape(fields[4]), FSType: fields[sep+1]})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)

@@ -157,8 +157,9 @@ func (b *build) launch(ctx context.Context) error {
 }
 
 // spawn starts a stage-init child in new namespaces: arg is its config
-// (or stageinit.SpareArg), out its stdout and stderr (nil: /dev/null); share lists
-// clone flags of namespaces it keeps from the host (hostShared).
+// (or stageinit.SpareArg), out its stdout and stderr (nil: /dev/null);
+// share lists clone flags of namespaces it keeps from the host
+// (hostShared).
 func (r *Runtime) spawn(arg string, out *os.File, hostNet bool, share ...uintptr) (*launched, error) {
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -89,10 +88,6 @@ type Runtime struct {
 
 	// copyRoot: copy the stager rootfs per pod (no overlayfs here).
 	copyRoot bool
-
-	// trashSeq keeps the names in the trash unique when one pod's folder
-	// is discarded twice (trash.go).
-	trashSeq atomic.Uint64
 
 	// spareMu guards spare (the warm stage-init, spare.go) and spareBusy
 	// (one is being started).
@@ -204,7 +199,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 	case <-done:
 		r.dropSpare()
 		// The background deletions are done: leave no empty trash behind.
-		_ = os.Remove(filepath.Join(r.opts.PodsDir, trashDir))
+		_ = os.Remove(r.trashPath())
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("close pod manager: %w", ctx.Err())

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 )
 
 // The trash.
@@ -14,37 +13,34 @@ import (
 // took about half of a `kurma run --rm`'s removal. So removeFiles renames
 // the folder into <pods>/.trash, which is one rename on the same file
 // system, and a goroutine deletes it from there; the pod is gone from
-// <pods> when Remove returns. Close waits for those deletions and removes
-// the empty trash; a trash left by a daemon that died meanwhile is emptied
-// when the next one opens the pods folder, before it looks at any pod.
+// <pods> when Remove returns. The trash is made when first needed; Close
+// waits for the deletions and removes the empty trash, and New deletes a
+// trash a dead daemon left before it looks at any pod.
 
 // trashDir is the trash's name in the pods folder. It is not a UUID, so
 // no pod folder can have it.
 const trashDir = ".trash"
 
-// discard moves dir into the trash and deletes it in the background; when
-// the Runtime is closed (nothing would wait for the deletion) it deletes
-// dir at once. A missing dir is not an error.
+func (r *Runtime) trashPath() string { return filepath.Join(r.opts.PodsDir, trashDir) }
+
+// discard moves dir into the trash and deletes it in the background. Where
+// that is not possible (the Runtime is closed, so nothing would wait for
+// the deletion; the rename fails) it deletes dir at once. A missing dir is
+// not an error.
 func (r *Runtime) discard(dir string) error {
-	if _, err := os.Lstat(dir); os.IsNotExist(err) {
-		return nil
-	}
 	if !r.startWork() {
 		return os.RemoveAll(dir)
 	}
-	trash := filepath.Join(r.opts.PodsDir, trashDir)
-	to := filepath.Join(trash, filepath.Base(dir)+"."+strconv.FormatUint(r.trashSeq.Add(1), 10))
+	to := filepath.Join(r.trashPath(), filepath.Base(dir))
 	err := os.Rename(dir, to)
-	if os.IsNotExist(err) {
-		// No trash yet (a pods folder from before it, or emptied and
-		// removed): make it and try once more.
-		if err = os.Mkdir(trash, 0o700); err == nil || os.IsExist(err) {
+	if err != nil {
+		// No trash yet, most likely: make it and try once more.
+		if merr := os.Mkdir(r.trashPath(), 0o700); merr == nil || os.IsExist(merr) {
 			err = os.Rename(dir, to)
 		}
 	}
 	if err != nil {
 		r.wg.Done()
-		// Another file system under the pods folder, say: delete in place.
 		if rerr := os.RemoveAll(dir); rerr != nil {
 			return fmt.Errorf("%w (and moving it to the trash: %v)", rerr, err)
 		}
@@ -59,13 +55,10 @@ func (r *Runtime) discard(dir string) error {
 	return nil
 }
 
-// emptyTrash deletes what a previous daemon left in the trash, detaching
-// any mount found there first.
+// emptyTrash deletes the trash a previous daemon left, detaching any
+// mount found in it first.
 func (r *Runtime) emptyTrash() error {
-	trash := filepath.Join(r.opts.PodsDir, trashDir)
-	if _, err := os.Lstat(trash); os.IsNotExist(err) {
-		return nil
-	}
+	trash := r.trashPath()
 	if err := unmountUnder(trash); err != nil {
 		return err
 	}

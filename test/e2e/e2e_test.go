@@ -58,7 +58,7 @@ func TestE2E(t *testing.T) {
 	t.Run("stage-init-binary", func(t *testing.T) {
 		// kurmad keeps a warm spare started from kurma-stage-init beside
 		// it, not from a re-execution of its own (larger) binary.
-		want := filepath.Join(filepath.Dir(b.kurmad), "kurma-stage-init") + "\x00stage-init\x00-spare\x00"
+		want := filepath.Join(filepath.Dir(b.kurmad), pod.StageInitBinary) + "\x00stage-init\x00-spare\x00"
 		eventually(t, 10*time.Second, func() error {
 			ents, err := os.ReadDir("/proc")
 			if err != nil {

@@ -160,10 +160,11 @@ func (s *Server) CreatePorts(ctx context.Context, pid string, ports []capi.Port)
 			if ferr = s.refreshPlans(ctx, pid, plans); ferr != nil {
 				return nil, ferr
 			}
-			// An address taken meanwhile means this replica's cache of
-			// the subnet is stale, likely by more than that one address
-			// (another replica allocates from it too): re-read it, or
-			// each retry would learn one taken address at a time.
+			// Another writer got there first (most often: took the
+			// address), so this replica's cache of the subnet is stale,
+			// likely by more than one address when another replica
+			// allocates from it too: re-read it, or each retry would
+			// learn one taken address at a time.
 			if ferr = s.reloadTrackers(ctx, plans); ferr != nil {
 				return nil, ferr
 			}

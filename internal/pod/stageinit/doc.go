@@ -9,8 +9,8 @@
 // (and a warm spare's, which is made while pods start and stop) costs a
 // minimal Go runtime rather than the daemon's: on a machine where every
 // page fault is expensive the daemon's binary took twice the faults
-// (bench/podstart). `kurmad stage-init` runs the same code where that
-// binary is missing.
+// (bench/README.md, session 4). `kurmad stage-init` runs the same code
+// where that binary is missing.
 //
 // Must import nothing of Kurma and as little else as it can: every package
 // linked costs each pod start its initialisation.
