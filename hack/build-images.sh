@@ -155,6 +155,8 @@ pod_test_images
 # (the binary dispatches on its basename). No dependencies, as the stager
 # spec requires. Signed with bin/keys/stager.key (made by the image tooling
 # section above; the daemon trusts stager.pub) into kurma-stager.aci.sig.
+# It declares kurma.dev/stager-prestart=true: kurmad may start it before
+# its pod exists (docs/stager.md, "Pre-started stagers").
 stager_image() {
   local out="$BIN/images/kurma-stager.aci" c adds=()
   for f in kurma-stager kurma-acbuild keys/stager.key; do
@@ -163,6 +165,7 @@ stager_image() {
   for c in status logs run attach; do adds+=(--add "$BIN/kurma-stager:/opt/stager/$c"); done
   "$BIN/kurma-acbuild" build -o "$out" --name kurma.dev/stager --gzip \
     --exec /stager --user 0 --group 0 \
+    --annotation kurma.dev/stager-prestart=true \
     --label os=linux --label arch="$(go env GOARCH)" \
     --add "$BIN/kurma-stager:/stager" "${adds[@]}" >/dev/null
   sign_aci "$out"

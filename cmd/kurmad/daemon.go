@@ -112,6 +112,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		StagerImage:  cfg.StagerImage,
 		StagerConfig: cfg.StagerConfig,
 		ReadyTimeout: time.Duration(cfg.ReadyTimeout),
+		NoPrestart:   cfg.PrestartStager != nil && !*cfg.PrestartStager,
 		KurmaVersion: version,
 		Logger:       log.With("component", "pod"),
 		Network:      nets.networker(),

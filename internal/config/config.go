@@ -46,6 +46,9 @@ type Config struct {
 	// ReadyTimeout bounds the wait for a stager's readiness (Go duration
 	// string in the file, e.g. "60s").
 	ReadyTimeout Duration `json:"readyTimeout,omitempty"`
+	// PrestartStager lets kurmad keep the default stager pre-started when
+	// its image declares it may be (default true; docs/kurmad.md).
+	PrestartStager *bool `json:"prestartStager,omitempty"`
 	// PrefetchImages are pulled when kurmad starts.
 	PrefetchImages []string `json:"prefetchImages,omitempty"`
 	// InitialPods are created when kurmad starts (unless one with that name

@@ -41,6 +41,8 @@ type build struct {
 	volumes  map[string]string // volume name -> host source
 	ro       map[string]bool
 	proc     *launched
+	// warm is the pre-started stager this pod took (prestart.go), if any.
+	warm *warm
 	// deadline bounds the stager's start and readiness together.
 	deadline time.Time
 }
@@ -204,27 +206,46 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Pod, retErr error) 
 			}
 		}
 	}
-	id := uuid.NewString()
+	defer r.busy()()
+	// A pre-started stager brings the pod's UUID, folder, cgroups and
+	// stager process along (prestart.go).
+	w := r.takeWarm(&spec)
+	var e *entry
+	if w != nil {
+		e = w.e
+	} else {
+		e = &entry{exited: make(chan struct{}), pidfd: -1}
+		e.rec.Pod = Pod{UUID: uuid.NewString(), State: Creating}
+	}
+	id := e.rec.Pod.UUID
 	if spec.Name == "" {
 		spec.Name = "pod-" + id[:8]
 	}
-	e := &entry{exited: make(chan struct{}), pidfd: -1}
-	e.rec.Pod = Pod{UUID: id, Name: spec.Name, State: Creating, Spec: spec, Created: time.Now().UTC()}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
+		if w != nil {
+			r.undoWarm(context.WithoutCancel(ctx), w)
+		}
 		return nil, kerrors.New(kerrors.Unavailable, "pod manager is closed")
 	}
 	for _, o := range r.pods {
 		if o.rec.Pod.Name == spec.Name {
 			r.mu.Unlock()
+			if w != nil {
+				r.putBackWarm(w)
+			}
 			return nil, kerrors.New(kerrors.Conflict, "a pod named %q exists already (%s)", spec.Name, o.rec.Pod.UUID)
 		}
 	}
+	e.rec.Pod.Name, e.rec.Pod.Spec, e.rec.Pod.Created = spec.Name, spec, time.Now().UTC()
 	r.pods[id] = e
 	r.mu.Unlock()
 
-	b := &build{r: r, e: e, dir: r.podDir(id)}
+	b := &build{r: r, e: e, dir: r.podDir(id), warm: w}
+	if w != nil {
+		b.proc = w.p
+	}
 	done := 0
 	defer func() {
 		if retErr == nil {
@@ -232,10 +253,19 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Pod, retErr error) 
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		if b.warm != nil {
+			// A pre-started stager brought its process, folder and
+			// cgroups before any step: they go whatever step failed.
+			b.kill(rctx)
+		}
 		for i := done - 1; i >= 0; i-- {
 			if steps[i].undo != nil {
 				steps[i].undo(b, rctx)
 			}
+		}
+		if b.warm != nil {
+			b.removeCgroups(rctx)
+			b.removeDirs(rctx)
 		}
 		r.mu.Lock()
 		delete(r.pods, id)
@@ -294,24 +324,17 @@ func (b *build) resolveImages(ctx context.Context) error {
 	if stagerRef == "" {
 		stagerRef = r.opts.StagerImage
 	}
-	st, err := r.getImage(ctx, stagerRef, image.PullOptions{RequireSignature: true})
-	if err != nil {
-		return fmt.Errorf("stager image %s: %w", stagerRef, err)
+	if w := b.warm; w != nil {
+		// Checked when it was pre-started (and leased since).
+		b.stager, b.stagerFS = w.stager, w.stagerFS
+	} else {
+		st, fs, err := r.resolveStager(ctx, stagerRef)
+		if err != nil {
+			return err
+		}
+		b.stager, b.stagerFS = st, fs
 	}
-	if len(st.Manifest.Dependencies) > 0 {
-		return kerrors.New(kerrors.Unauthorized, "stager image %s has dependencies; a stager must be self-contained", stagerRef)
-	}
-	if st.Manifest.App == nil || len(st.Manifest.App.Exec) == 0 {
-		return kerrors.New(kerrors.Invalid, "stager image %s has no exec", stagerRef)
-	}
-	fs, err := r.opts.Images.Resolve(ctx, st.ID)
-	if err != nil {
-		return fmt.Errorf("stager image %s: %w", stagerRef, err)
-	}
-	if len(fs) != 1 {
-		return kerrors.New(kerrors.Invalid, "stager image %s must be exactly one root filesystem, has %d", stagerRef, len(fs))
-	}
-	b.stager, b.stagerFS = st, fs
+	st := b.stager
 	b.imageIDs = []string{st.ID}
 	b.layers = map[string]string{}
 	m := stagerspec.Manifest{
@@ -429,8 +452,10 @@ func (b *build) unleaseImages(ctx context.Context) {
 }
 
 func (b *build) makeDirs(ctx context.Context) error {
-	if err := os.Mkdir(b.dir, 0o700); err != nil {
-		return fmt.Errorf("create pod dir: %w", err)
+	if b.warm == nil {
+		if err := os.Mkdir(b.dir, 0o700); err != nil {
+			return fmt.Errorf("create pod dir: %w", err)
+		}
 	}
 	spec := b.e.rec.Pod.Spec
 	b.volumes = map[string]string{}
@@ -487,6 +512,9 @@ func (b *build) stagerRoot() string { return filepath.Join(b.dir, "stager") }
 // (see prepareStagerRoot): an overlay over the store's extracted stager
 // rootfs, extracted once per image ID and shared, or a copy.
 func (b *build) prepareRootfs(ctx context.Context) error {
+	if b.warm != nil {
+		return nil // mounted when it was pre-started
+	}
 	return prepareStagerRoot(ctx, b.stagerFS[0].Path, b.dir, b.r.copyRoot)
 }
 
@@ -496,9 +524,10 @@ func (b *build) unprepareRootfs(ctx context.Context) {
 	}
 }
 
-// overlay is the stager root's overlay, nil in copy mode.
+// overlay is the stager root's overlay that stage-init mounts, nil in
+// copy mode and for a pre-started stager (mounted on the host).
 func (b *build) overlay() *stageinit.Overlay {
-	if b.r.copyRoot {
+	if b.r.copyRoot || b.warm != nil {
 		return nil
 	}
 	return &stageinit.Overlay{
@@ -508,8 +537,9 @@ func (b *build) overlay() *stageinit.Overlay {
 	}
 }
 
-// writeRoot is where files for the stager's root are written before it
-// is mounted: the overlay's upper folder, or the copied root.
+// writeRoot is where files for the stager's root are written: the
+// overlay's upper folder before stage-init mounts it, or the root itself
+// (copied, or mounted on the host for a pre-started stager).
 func (b *build) writeRoot() string {
 	if o := b.overlay(); o != nil {
 		return o.Upper
@@ -526,6 +556,14 @@ func (b *build) writeManifest(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(root, "manifest"), data, 0o644); err != nil {
 		return fmt.Errorf("write stager manifest: %w", err)
 	}
+	if b.warm != nil {
+		return nil
+	}
+	return makeRootDirs(root)
+}
+
+// makeRootDirs makes the mount points of the stager spec in a stager root.
+func makeRootDirs(root string) error {
 	for _, d := range []string{"layers", "volumes", "dev", "proc", "sys"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return fmt.Errorf("create /%s in stager root: %w", d, err)
@@ -535,6 +573,9 @@ func (b *build) writeManifest(ctx context.Context) error {
 }
 
 func (b *build) makeCgroups(ctx context.Context) error {
+	if b.warm != nil {
+		return nil // made when it was pre-started
+	}
 	made, err := b.r.makeCgroups(b.e.rec.Pod.UUID)
 	b.r.mu.Lock()
 	b.e.rec.Cgroups = made

@@ -17,6 +17,7 @@ import (
 	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/stagerspec"
 )
 
 // TestMain lets the test binary serve as kurmad for the stage-init re-exec.
@@ -106,11 +107,15 @@ type fixture struct {
 
 // fillStore adds the test stager (signed) and the busybox app image; IDs
 // derive from the references, so another process gets the same ones.
-func fillStore(store *memStore, stagerRef, sroot, aroot string) (appRef, appID string) {
-	store.add(stagerRef, sroot, appc.ImageManifest{
+func fillStore(store *memStore, stagerRef, sroot, aroot string, prestart bool) (appRef, appID string) {
+	sm := appc.ImageManifest{
 		ACKind: "ImageManifest", ACVersion: "0.8.11", Name: "kurma.dev/test-stager",
 		App: &appc.App{Exec: []string{"/stager"}, User: "0", Group: "0"},
-	}, true)
+	}
+	if prestart {
+		sm.Annotations = []appc.Annotation{{Name: stagerspec.PrestartAnnotation, Value: "true"}}
+	}
+	store.add(stagerRef, sroot, sm, true)
 	appRef = "file:///test/busybox.aci"
 	appID = store.add(appRef, aroot, appc.ImageManifest{
 		ACKind: "ImageManifest", ACVersion: "0.8.11", Name: "kurma.dev/busybox",
@@ -122,6 +127,14 @@ func fillStore(store *memStore, stagerRef, sroot, aroot string) (appRef, appID s
 // newFixture prepares a store holding the test stager (signed) and a
 // busybox app image, and opens a Runtime with stagerConfig {"mode": mode}.
 func newFixture(t *testing.T, mode string, tweak func(*Options)) *fixture {
+	t.Helper()
+	return newFixtureWith(t, mode, false, tweak)
+}
+
+// newFixtureWith is newFixture; prestart makes the test stager image
+// declare stagerspec.PrestartAnnotation, so that the Runtime keeps a
+// pre-started stager as its spare (prestart.go).
+func newFixtureWith(t *testing.T, mode string, prestart bool, tweak func(*Options)) *fixture {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("root integration test (not in -short)")
@@ -140,7 +153,7 @@ func newFixture(t *testing.T, mode string, tweak func(*Options)) *fixture {
 	stagerRef := "file:///test/kpod-stager.aci"
 	aroot := filepath.Join(base, "app-rootfs")
 	busyboxRootfs(t, aroot)
-	appRef, appID := fillStore(store, stagerRef, sroot, aroot)
+	appRef, appID := fillStore(store, stagerRef, sroot, aroot, prestart)
 
 	cfg, _ := json.Marshal(map[string]string{"mode": mode})
 	opts := Options{
@@ -257,7 +270,8 @@ func (f *fixture) runtimeLeftovers(uuid string, pid int) []string {
 	return out
 }
 
-// podDirs lists the pod folders present.
+// podDirs lists the pod folders present, but for the one of a pre-started
+// stager waiting for its pod (a record in state creating without a name).
 func (f *fixture) podDirs(t *testing.T) []string {
 	t.Helper()
 	ents, err := os.ReadDir(f.opts.PodsDir)
@@ -268,6 +282,9 @@ func (f *fixture) podDirs(t *testing.T) []string {
 	for _, e := range ents {
 		if e.Name() == trashDir {
 			continue // removed pods, being deleted
+		}
+		if rec, err := readRecord(filepath.Join(f.opts.PodsDir, e.Name())); err == nil && rec.Pod.State == Creating && rec.Pod.Name == "" {
+			continue
 		}
 		out = append(out, e.Name())
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,6 +25,10 @@ const helperEnv = "KPOD_HELPER_DAEMON"
 type helperConfig struct {
 	Opts                              Options
 	StagerRef, StagerRoot, AppRoot, P string
+	// Prestart: the stager image may be pre-started; the helper creates
+	// its pod from a pre-started stager and waits for the next before it
+	// reports, so that one is waiting when it is killed.
+	Prestart bool
 }
 
 func helperDaemon(cfg string) int {
@@ -33,7 +38,7 @@ func helperDaemon(cfg string) int {
 		return 1
 	}
 	store := newMemStore()
-	appRef, _ := fillStore(store, c.StagerRef, c.StagerRoot, c.AppRoot)
+	appRef, _ := fillStore(store, c.StagerRef, c.StagerRoot, c.AppRoot, c.Prestart)
 	c.Opts.Images = store
 	ctx := context.Background()
 	rt, err := New(ctx, c.Opts)
@@ -41,23 +46,65 @@ func helperDaemon(cfg string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	warmID := func() string {
+		for range 1000 {
+			if id := rt.warmID(); id != "" {
+				return id
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return ""
+	}
+	if c.Prestart && warmID() == "" {
+		fmt.Fprintln(os.Stderr, "no pre-started stager")
+		return 1
+	}
 	p, err := rt.Create(ctx, Spec{Name: c.P, Apps: []AppSpec{{Image: appRef}}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Printf("%s %d\n", p.UUID, p.StagerPID)
+	next := "-"
+	if c.Prestart {
+		if next = warmID(); next == "" {
+			fmt.Fprintln(os.Stderr, "no second pre-started stager")
+			return 1
+		}
+	}
+	fmt.Printf("%s %d %s\n", p.UUID, p.StagerPID, next)
 	select {}
+}
+
+// warmID is the UUID of the waiting pre-started stager, if any.
+func (r *Runtime) warmID() string {
+	r.spareMu.Lock()
+	defer r.spareMu.Unlock()
+	if r.warm == nil {
+		return ""
+	}
+	return r.warm.e.rec.Pod.UUID
 }
 
 // TestKill9Recovery kills a real stand-in kurmad process with SIGKILL while
 // its pod runs; a new Runtime re-adopts the stager (no longer anyone's
 // child here), follows it by pidfd and tears it down cleanly on stop.
+//
+// With a pre-started stager, the pod was made from one and another waits
+// when the daemon dies: it exits by itself (its go-ahead socket reads
+// EOF), and the restart rolls its record back like an interrupted create.
 func TestKill9Recovery(t *testing.T) {
-	f := newFixture(t, "with-child", nil)
+	for _, prestart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stage-init spare", true: "pre-started stager"}[prestart], func(t *testing.T) {
+			testKill9Recovery(t, prestart)
+		})
+	}
+}
+
+func testKill9Recovery(t *testing.T, prestart bool) {
+	f := newFixtureWith(t, "with-child", prestart, nil)
 	opts := f.opts
 	opts.Images = nil
-	cfg, err := json.Marshal(helperConfig{Opts: opts, StagerRef: f.opts.StagerImage, StagerRoot: f.stagerRoot, AppRoot: f.appRoot, P: "kpod-k9"})
+	cfg, err := json.Marshal(helperConfig{Opts: opts, StagerRef: f.opts.StagerImage, StagerRoot: f.stagerRoot, AppRoot: f.appRoot, P: "kpod-k9", Prestart: prestart})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,9 +123,9 @@ func TestKill9Recovery(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helper daemon: %v", err)
 	}
-	var uuid string
+	var uuid, next string
 	var pid int
-	if _, err := fmt.Sscanf(strings.TrimSpace(line), "%s %d", &uuid, &pid); err != nil {
+	if _, err := fmt.Sscanf(strings.TrimSpace(line), "%s %d %s", &uuid, &pid, &next); err != nil {
 		t.Fatalf("helper said %q: %v", line, err)
 	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -89,12 +136,35 @@ func TestKill9Recovery(t *testing.T) {
 	if _, err := procStartTime(pid); err != nil {
 		t.Fatalf("stager died with its daemon: %v", err)
 	}
-	// The dead daemon's warm spare stage-init goes away by itself.
+	// The dead daemon's warm spare stage-init, or pre-started stager, goes
+	// away by itself.
 	waitFor(t, "orphaned spare to exit", 10*time.Second, func() bool {
 		return len(orphanSpares()) == 0
 	})
+	if prestart {
+		rec, err := readRecord(filepath.Join(f.opts.PodsDir, next))
+		if err != nil || rec.Pod.State != Creating || rec.Pod.StagerPID == 0 {
+			t.Fatalf("the waiting pre-started stager's record: %+v %v", rec, err)
+		}
+		waitFor(t, "orphaned pre-started stager to exit", 10*time.Second, func() bool {
+			st, err := procStartTime(rec.Pod.StagerPID)
+			return err != nil || st != rec.StagerStart
+		})
+	}
 	f.reopen(t)
 	ctx := t.Context()
+	if prestart {
+		// Rolled back: folder, mounts, cgroups. (The new Runtime's own
+		// pre-started stager is made at once: let it be, then drop it.)
+		waitFor(t, "a new pre-started stager", 10*time.Second, func() bool { return f.rt.warmID() != "" })
+		f.rt.dropSpare(ctx)
+		if d := f.podDirs(t); len(d) != 1 || d[0] != uuid {
+			t.Errorf("pod folders after restart: %v, want only %s", d, uuid)
+		}
+		if l := f.leftovers(next, 0); len(l) > 0 {
+			t.Errorf("left of the pre-started stager: %v", l)
+		}
+	}
 	p, err := f.rt.Get(ctx, "kpod-k9")
 	if err != nil || p.UUID != uuid || p.State != Running || p.StagerPID != pid {
 		t.Fatalf("after restart: %+v %v", p, err)

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/pkg/stagerspec"
@@ -80,8 +81,25 @@ func overlayWorks(dir string) bool {
 	return true
 }
 
+// stagerEnv is the environment of a stager: a PATH, then its image's.
+func stagerEnv(st *image.Image) []string {
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	for _, e := range st.Manifest.App.Environment {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	return env
+}
+
 func (b *build) launch(ctx context.Context) error {
 	r := b.r
+	if b.warm != nil {
+		// Started already, in its cgroups: add the pod's files.
+		if err := b.attachWarm(ctx); err != nil {
+			return err
+		}
+		b.deadline = time.Now().Add(r.opts.ReadyTimeout)
+		return r.save(b.e, false)
+	}
 	spec := b.e.rec.Pod.Spec
 	hostNet := len(spec.Networks) == 1 && spec.Networks[0] == "host"
 	c := stageinit.Config{
@@ -91,10 +109,7 @@ func (b *build) launch(ctx context.Context) error {
 		HostNet:  hostNet,
 		Slave:    spec.VolumePropagation,
 		Exec:     b.stager.Manifest.App.Exec,
-		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-	}
-	for _, e := range b.stager.Manifest.App.Environment {
-		c.Env = append(c.Env, e.Name+"="+e.Value)
+		Env:      stagerEnv(b.stager),
 	}
 	for id, p := range b.layers {
 		c.Binds = append(c.Binds, stageinit.Bind{Source: p, Target: filepath.Join(stagerspec.LayersDir, id), ReadOnly: true})
@@ -116,9 +131,12 @@ func (b *build) launch(ctx context.Context) error {
 	if spec.HostUTS {
 		c.Hostname = "" // never the host's hostname
 	}
-	if !hostNet && len(hostShared(spec)) == 0 {
+	if !hostNet && len(hostShared(spec)) == 0 && !spec.VolumePropagation {
 		// A warm spare is already in fresh namespaces, its Go runtime
-		// started: hand it the config and the log.
+		// started: hand it the config and the log. (Not for a pod that
+		// wants the host's later mounts under its volumes: the spare's
+		// copy of the host's mounts may miss the volume's own mount, made
+		// after it started, through which they would propagate.)
 		if p = r.takeSpare(); p != nil {
 			if err := p.configure(arg, logf); err != nil {
 				r.log.Debug("spare stage-init unusable; starting a fresh one", "err", err)
@@ -135,25 +153,13 @@ func (b *build) launch(ctx context.Context) error {
 	}
 	p.log = logf
 	b.proc = p
-	cmd := p.cmd
-	pid := cmd.Process.Pid
-	st, err := procStartTime(pid)
-	if err != nil {
-		return fmt.Errorf("stager %d: %w", pid, err)
-	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd of stager: %w", err)
-	}
-	b.r.mu.Lock()
-	b.e.pidfd = fd
-	b.e.rec.Pod.StagerPID = pid
-	b.e.rec.StagerStart = st
-	b.r.mu.Unlock()
-	if err := joinCgroups(b.e.rec.Cgroups, pid); err != nil {
+	if err := r.adopt(b.e, p); err != nil {
 		return err
 	}
-	return b.r.save(b.e, false)
+	if err := joinCgroups(b.e.rec.Cgroups, p.cmd.Process.Pid); err != nil {
+		return err
+	}
+	return r.save(b.e, false)
 }
 
 // spawn starts a stage-init child in new namespaces: arg is its config
@@ -352,36 +358,17 @@ func (b *build) detachNetwork(ctx context.Context) {
 	}
 }
 
-// start lets stage-init exec the stager and checks that the exec worked:
-// fd 5 is close-on-exec, so EOF without a message means success.
+// start lets stage-init exec the stager and checks that the exec worked.
+// A pre-started stager gets the byte itself (prestart.go).
 func (b *build) start(ctx context.Context) error {
 	p := b.proc
+	if b.warm != nil {
+		return p.goAhead()
+	}
 	_, _ = p.goW.Write([]byte{1})
 	p.goW.Close()
 	p.goW = nil
-	type res struct {
-		msg []byte
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		m, err := io.ReadAll(io.LimitReader(p.statR, 64*1024))
-		ch <- res{m, err}
-	}()
-	select {
-	case x := <-ch:
-		if x.err != nil {
-			return fmt.Errorf("read stage-init status: %w", x.err)
-		}
-		if len(x.msg) > 0 {
-			return errors.New(strings.TrimSpace(string(x.msg)))
-		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stager launch: %w", ctx.Err())
-	case <-time.After(time.Until(b.deadline)):
-		return kerrors.New(kerrors.Timeout, "stager was not started within %v (stage-init hung)", b.r.opts.ReadyTimeout)
-	}
+	return p.execDone(ctx, b.deadline)
 }
 
 // waitReady waits, bounded by ReadyTimeout, for the stager to close fd 4.
@@ -462,6 +449,7 @@ func (r *Runtime) onExit(e *entry, status string, clean, known bool) {
 // finish tears a pod down and records its end: Errored with msg, or Exited
 // when msg is empty.
 func (r *Runtime) finish(ctx context.Context, e *entry, msg string) {
+	defer r.busy()()
 	e.op.Lock()
 	defer e.op.Unlock()
 	r.teardown(ctx, e)

@@ -36,9 +36,24 @@ func readState(t *testing.T, f *fixture, uuid string) map[string]any {
 	return st
 }
 
+// TestPodLifecycle checks a pod's life and what its stager finds (the
+// stager spec's launch), with a stage-init spare and with a pre-started
+// stager (prestart.go).
 func TestPodLifecycle(t *testing.T) {
-	f := newFixture(t, "with-child", nil)
+	for _, prestart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stage-init", true: "pre-started"}[prestart], func(t *testing.T) {
+			testPodLifecycle(t, prestart)
+		})
+	}
+}
+
+func testPodLifecycle(t *testing.T, prestart bool) {
+	f := newFixtureWith(t, "with-child", prestart, nil)
 	ctx := t.Context()
+	warmID := ""
+	if prestart {
+		waitFor(t, "pre-started stager", 10*time.Second, func() bool { warmID = f.rt.warmID(); return warmID != "" })
+	}
 	hostDir := t.TempDir()
 	spec := f.spec("kpod-life")
 	roDir, yes := t.TempDir(), true
@@ -50,6 +65,9 @@ func TestPodLifecycle(t *testing.T) {
 	}
 	if p.State != Running || p.StagerPID == 0 || p.NetNS == "" || p.Apps[0].Name != "busybox" || p.Apps[0].ImageID != f.appID {
 		t.Fatalf("unexpected pod %+v", p)
+	}
+	if prestart && p.UUID != warmID {
+		t.Fatalf("pod %s did not take the pre-started stager %s", p.UUID, warmID)
 	}
 	st := readState(t, f, p.UUID)
 	for k, want := range map[string]any{"proc": true, "sysRO": true, "cgroupOwn": true, "hostname": "kpod-life", "manifestName": "kpod-life"} {
@@ -203,6 +221,15 @@ func TestPodLifecycle(t *testing.T) {
 		if _, err := f.rt.Get(ctx, p.UUID); !errors.Is(err, kerrors.NotFound) {
 			t.Errorf("removed pod still found: %v", err)
 		}
+		if prestart {
+			// Its successor holds a lease: closing undoes it.
+			if err := f.rt.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if d := f.podDirs(t); len(d) > 0 {
+				t.Errorf("folders left after close: %v", d)
+			}
+		}
 		if n := f.store.leaseCount(); n != 0 {
 			t.Errorf("%d leases left", n)
 		}
@@ -259,18 +286,29 @@ func assertNothingLeft(t *testing.T, f *fixture) {
 	}
 }
 
+// TestCreateRollbackEachStep fails a create after each step, with a fresh
+// stage-init and with a pre-started stager, and checks that nothing is
+// left (the Runtime is closed first, so that no spare is in the way).
 func TestCreateRollbackEachStep(t *testing.T) {
-	for _, name := range StepNames() {
-		t.Run(name, func(t *testing.T) {
-			f := newFixture(t, "normal", func(o *Options) { o.FailStep = name })
-			spec := f.spec("kpod-fail")
-			spec.Volumes = []appc.Volume{{Name: "data", Kind: "empty"}}
-			_, err := f.rt.Create(t.Context(), spec)
-			if err == nil || !strings.Contains(err.Error(), "failpoint after step "+name) {
-				t.Fatalf("create error %v", err)
-			}
-			assertNothingLeft(t, f)
-		})
+	for _, prestart := range []bool{false, true} {
+		for _, name := range StepNames() {
+			t.Run(map[bool]string{false: "fresh/", true: "pre-started/"}[prestart]+name, func(t *testing.T) {
+				f := newFixtureWith(t, "normal", prestart, func(o *Options) { o.FailStep = name })
+				if prestart {
+					waitFor(t, "pre-started stager", 10*time.Second, func() bool { return f.rt.warmID() != "" })
+				}
+				spec := f.spec("kpod-fail")
+				spec.Volumes = []appc.Volume{{Name: "data", Kind: "empty"}, {Name: "host", Kind: "host", Source: t.TempDir()}}
+				_, err := f.rt.Create(t.Context(), spec)
+				if err == nil || !strings.Contains(err.Error(), "failpoint after step "+name) {
+					t.Fatalf("create error %v", err)
+				}
+				if err := f.rt.Close(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				assertNothingLeft(t, f)
+			})
+		}
 	}
 }
 

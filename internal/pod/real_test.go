@@ -46,8 +46,11 @@ func newRealImages(t *testing.T) *realImages {
 	dir := t.TempDir()
 	stager := testutil.Bin(t, "kurma-stager")
 	acbuild(t, "keygen", "-o", filepath.Join(dir, "stager"))
+	// Like the image `make` builds, it may be pre-started (prestart.go):
+	// the tests below run the real stager that way; pods with host
+	// networking start it the usual way.
 	stagerArgs := []string{"--name", "kurma.dev/stager", "--exec", "/stager",
-		"--add", stager + ":/stager"}
+		"--annotation", stagerspec.PrestartAnnotation + "=true", "--add", stager + ":/stager"}
 	for _, c := range []string{"status", "run", "logs", "attach"} {
 		stagerArgs = append(stagerArgs, "--add", stager+":/opt/stager/"+c)
 	}

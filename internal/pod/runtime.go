@@ -56,9 +56,12 @@ type Options struct {
 	// mounting an overlay over the shared extracted copy (the fallback
 	// kurmad also takes by itself when overlayfs is unavailable).
 	CopyStagerRoot bool
-	// NoSpare turns off the warm spare stage-init (spare.go): every pod
-	// start then forks its own.
+	// NoSpare turns off the warm spare stage-init (spare.go) and the
+	// pre-started stager (prestart.go): every pod start then forks its own.
 	NoSpare bool
+	// NoPrestart keeps a bare stage-init as the spare even when the
+	// default stager image may be pre-started.
+	NoPrestart bool
 	// Network attaches pods to their networks; nil: loopback only.
 	Network Networker
 	// Logger receives step timings at debug level (default slog.Default()).
@@ -89,11 +92,15 @@ type Runtime struct {
 	// copyRoot: copy the stager rootfs per pod (no overlayfs here).
 	copyRoot bool
 
-	// spareMu guards spare (the warm stage-init, spare.go) and spareBusy
-	// (one is being started).
+	// spareMu guards spare (the warm stage-init, spare.go), warm (the
+	// pre-started stager, prestart.go), spareBusy (one is being started),
+	// ops (pod operations in flight) and idle (the timer of the next).
 	spareMu   sync.Mutex
 	spare     *launched
+	warm      *warm
 	spareBusy bool
+	ops       int
+	idle      *time.Timer
 
 	mu     sync.Mutex
 	closed bool
@@ -197,7 +204,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 	go func() { r.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		r.dropSpare()
+		r.dropSpare(ctx)
 		// The background deletions are done: leave no empty trash behind.
 		_ = os.Remove(r.trashPath())
 		return nil

@@ -2,8 +2,10 @@ package pod
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,27 +31,74 @@ import (
 // spare was starting (its netns bind, say) are not in the copy, and their
 // removal must not cost a spare.
 
-// takeSpare returns the warm spare, if any, and starts making the next.
+// takeSpare returns the warm spare stage-init, if any.
 func (r *Runtime) takeSpare() *launched {
-	if r.opts.NoSpare {
-		return nil
-	}
 	r.spareMu.Lock()
+	defer r.spareMu.Unlock()
 	p := r.spare
 	r.spare = nil
-	r.spareMu.Unlock()
-	r.refillSpare()
 	return p
 }
 
-// refillSpare starts a new spare in the background unless one exists or
-// is being made.
-func (r *Runtime) refillSpare() {
-	if !r.startWork() {
+// spareIdleDelay is how long kurmad must have had no pod operation in
+// flight before it makes the next spare. Making one costs a process or
+// three and their Go start-up, and on a small machine the page faults of
+// those slow down the pod start they would overlap as much as the spare
+// then saves; made while idle, it costs no start anything.
+const spareIdleDelay = 50 * time.Millisecond
+
+// busy marks a pod operation (create, stop, remove, the end of a pod) in
+// flight; the returned func ends it. When the last one ends, the next
+// spare is scheduled.
+func (r *Runtime) busy() (done func()) {
+	r.spareMu.Lock()
+	r.ops++
+	r.spareMu.Unlock()
+	return func() {
+		r.spareMu.Lock()
+		r.ops--
+		idle := r.ops == 0
+		r.spareMu.Unlock()
+		if idle {
+			r.scheduleRefill()
+		}
+	}
+}
+
+// scheduleRefill makes a spare after spareIdleDelay, unless a pod
+// operation starts meanwhile (its end schedules again), one exists or is
+// being made.
+func (r *Runtime) scheduleRefill() {
+	if r.opts.NoSpare {
 		return
 	}
 	r.spareMu.Lock()
-	if r.spare != nil || r.spareBusy {
+	defer r.spareMu.Unlock()
+	if r.spare != nil || r.warm != nil || r.spareBusy {
+		return
+	}
+	if r.idle != nil {
+		r.idle.Stop()
+	}
+	r.idle = time.AfterFunc(spareIdleDelay, func() {
+		r.spareMu.Lock()
+		idle := r.ops == 0
+		r.spareMu.Unlock()
+		if idle {
+			r.refillSpare()
+		}
+	})
+}
+
+// refillSpare starts making a spare in the background unless one exists
+// or is being made: a pre-started stager when the default stager image
+// allows it (prestart.go), a bare stage-init otherwise.
+func (r *Runtime) refillSpare() {
+	if r.opts.NoSpare || !r.startWork() {
+		return
+	}
+	r.spareMu.Lock()
+	if r.spare != nil || r.warm != nil || r.spareBusy {
 		r.spareMu.Unlock()
 		r.wg.Done()
 		return
@@ -58,6 +107,23 @@ func (r *Runtime) refillSpare() {
 	r.spareMu.Unlock()
 	go func() {
 		defer r.wg.Done()
+		w, err := r.makeWarm(r.closeCtx)
+		if err == nil {
+			r.spareMu.Lock()
+			r.spareBusy = false
+			keep := !r.isClosed() && r.warm == nil
+			if keep {
+				r.warm = w
+			}
+			r.spareMu.Unlock()
+			if !keep {
+				r.undoWarm(context.Background(), w)
+			}
+			return
+		}
+		if !errors.Is(err, errNoPrestart) {
+			r.log.Warn("pre-start stager; keeping a bare stage-init instead", "err", err)
+		}
 		p, err := r.spawn(stageinit.SpareArg, nil, false)
 		if err == nil {
 			if p.mounts, err = mountKeys(strconv.Itoa(p.cmd.Process.Pid)); err != nil {
@@ -81,14 +147,21 @@ func (r *Runtime) refillSpare() {
 	}()
 }
 
-// dropSpare kills the unused spare (on Close).
-func (r *Runtime) dropSpare() {
+// dropSpare kills the unused spare and undoes an unused pre-started
+// stager (on Close).
+func (r *Runtime) dropSpare(ctx context.Context) {
 	r.spareMu.Lock()
-	p := r.spare
-	r.spare = nil
+	p, w := r.spare, r.warm
+	r.spare, r.warm = nil, nil
+	if r.idle != nil {
+		r.idle.Stop()
+	}
 	r.spareMu.Unlock()
 	if p != nil {
 		p.abandon()
+	}
+	if w != nil {
+		r.undoWarm(ctx, w)
 	}
 }
 
@@ -173,6 +246,6 @@ func (r *Runtime) watchMounts() {
 		r.spare = nil
 		r.spareMu.Unlock()
 		p.abandon()
-		r.refillSpare()
+		r.scheduleRefill()
 	}
 }

@@ -43,6 +43,7 @@ func (r *Runtime) List(ctx context.Context) ([]*Pod, error) {
 // Stop sends SIGTERM to the stager, SIGKILL after grace, and waits for the
 // pod to be torn down. Stopping a pod that has ended already is a no-op.
 func (r *Runtime) Stop(ctx context.Context, ref string, grace time.Duration) error {
+	defer r.busy()()
 	e, err := r.lookup(ref)
 	if err != nil {
 		return err
@@ -108,6 +109,7 @@ func (r *Runtime) stop(ctx context.Context, e *entry, grace time.Duration, keepS
 // Remove deletes an ended pod's record, folders, volumes and image leases;
 // with force it stops a running pod first (no grace).
 func (r *Runtime) Remove(ctx context.Context, ref string, force bool) error {
+	defer r.busy()()
 	e, err := r.lookup(ref)
 	if err != nil {
 		return err

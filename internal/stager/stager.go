@@ -27,6 +27,12 @@ import (
 // returns an error if the pod init dies on its own.
 func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	closeInheritedOnExec()
+	if fd := os.Getenv(stagerspec.PrestartEnv); fd != "" {
+		goAhead, err := awaitGoAhead(ctx, fd)
+		if err != nil || !goAhead {
+			return err
+		}
+	}
 	b, err := os.ReadFile(stagerspec.ManifestPath)
 	if err != nil {
 		return fmt.Errorf("read manifest: %w", err)
@@ -275,4 +281,41 @@ func teardown(log *slog.Logger, apps []string) {
 	if err != nil && !errors.Is(err, unix.EINVAL) {
 		log.Warn("teardown", "dir", AppsDir, "err", err)
 	}
+}
+
+// awaitGoAhead is the wait of a pre-started stager (stagerspec.PrestartEnv
+// names the descriptor): it warms up what every start needs, then waits
+// for the daemon's byte, which says the pod's files are in place. false
+// means the daemon let this stager go (EOF) or stopped it meanwhile.
+func awaitGoAhead(ctx context.Context, fdName string) (bool, error) {
+	_ = os.Unsetenv(stagerspec.PrestartEnv)
+	fd, err := strconv.Atoi(fdName)
+	if err != nil || fd < 3 {
+		return false, fmt.Errorf("%s=%q: not a descriptor", stagerspec.PrestartEnv, fdName)
+	}
+	f := os.NewFile(uintptr(fd), "go-ahead")
+	defer f.Close()
+	warmUp()
+	got := make(chan bool, 1)
+	go func() {
+		var b [1]byte
+		n, _ := f.Read(b[:])
+		got <- n == 1
+	}()
+	select {
+	case ok := <-got:
+		return ok, nil
+	case <-ctx.Done():
+		return false, nil
+	}
+}
+
+// warmUp decodes a small manifest, so that the JSON decoder has built its
+// tables for the manifest's types before the pod's manifest arrives.
+func warmUp() {
+	_, _, _ = ParseManifest([]byte(`{"kurmaVersion":"0","name":"w","pod":{"acKind":"PodManifest","acVersion":"0.8.11",` +
+		`"apps":[{"name":"a","image":{"id":"sha512-0"},"app":{"exec":["/a"],"user":"0","group":"0","environment":[{"name":"A","value":"b"}]},` +
+		`"mounts":[{"volume":"v","path":"/v"}],"annotations":[{"name":"a","value":"b"}]}],"volumes":[{"name":"v","kind":"empty"}]},` +
+		`"images":{"sha512-0":{"acKind":"ImageManifest","acVersion":"0.8.11","name":"w","app":{"exec":["/a"],"user":"0","group":"0"}}},` +
+		`"appImageOrder":{"a":["sha512-0"]}}`))
 }

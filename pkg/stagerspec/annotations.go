@@ -22,3 +22,16 @@ const (
 	// /proc/sys stays writable; every other app gets it read-only.
 	HostPrivilegedAnnotation = "kurma.dev/host-privileged"
 )
+
+// Pre-started stagers, Kurma's extension of the launch (docs/stager.md,
+// "Pre-started stagers"). A stager image that carries PrestartAnnotation
+// ("true") may be started before its pod exists, in the namespaces,
+// cgroups and root the pod will have. The daemon then sets PrestartEnv to
+// the number of a descriptor the stager must read one byte from before it
+// looks at /manifest, /layers or /volumes: the byte says the pod's files
+// are in place; EOF instead says the daemon let it go, and it exits 0
+// without doing anything. Such a stager sets the pod's hostname itself.
+const (
+	PrestartAnnotation = "kurma.dev/stager-prestart"
+	PrestartEnv        = "KURMA_STAGER_GO_FD"
+)

@@ -55,34 +55,37 @@ func TestE2E(t *testing.T) {
 		}
 	})
 
-	t.Run("stage-init-binary", func(t *testing.T) {
-		// kurmad keeps a warm spare started from kurma-stage-init beside
-		// it, not from a re-execution of its own (larger) binary.
-		want := filepath.Join(filepath.Dir(b.kurmad), pod.StageInitBinary) + "\x00stage-init\x00-spare\x00"
+	t.Run("prestarted-stager", func(t *testing.T) {
+		// The default stager image declares it may be pre-started: kurmad
+		// keeps one waiting, its child, with a record of a pod in waiting
+		// (state creating, no name yet).
 		eventually(t, 10*time.Second, func() error {
-			ents, err := os.ReadDir("/proc")
-			if err != nil {
-				return err
-			}
-			var seen []string
-			for _, e := range ents {
-				stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-				if err != nil {
-					continue // not a process, or gone
+			recs, _ := filepath.Glob(filepath.Join(d.dir, "pods", "*", "pod.json"))
+			for _, r := range recs {
+				var rec struct {
+					Pod struct {
+						Name, State string
+						StagerPID   int `json:"stagerPID"`
+					} `json:"pod"`
 				}
-				// The parent PID is the second field after the ")" of comm.
-				f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-				if len(f) < 2 || f[1] != strconv.Itoa(d.cmd.Process.Pid) {
+				if b, err := os.ReadFile(r); err != nil || json.Unmarshal(b, &rec) != nil {
 					continue
 				}
-				cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-				if err == nil && string(cl) == want {
-					return nil
+				if rec.Pod.State == "creating" && rec.Pod.Name == "" && rec.Pod.StagerPID > 0 {
+					return childWithCmdline(d, "/stager\x00", rec.Pod.StagerPID)
 				}
-				seen = append(seen, strings.ReplaceAll(string(cl), "\x00", " "))
 			}
-			return fmt.Errorf("no spare %q among kurmad's children %q", want, seen)
+			return fmt.Errorf("no pod in waiting among %v", recs)
 		})
+	})
+
+	t.Run("stage-init-binary", func(t *testing.T) {
+		// Without pre-started stagers, kurmad keeps a warm spare started
+		// from kurma-stage-init beside it, not from a re-execution of its
+		// own (larger) binary.
+		d := startDaemon(t, b, "prestartStager: false\n")
+		want := filepath.Join(filepath.Dir(b.kurmad), pod.StageInitBinary) + "\x00stage-init\x00-spare\x00"
+		eventually(t, 10*time.Second, func() error { return childWithCmdline(d, want, 0) })
 	})
 
 	t.Run("group", func(t *testing.T) {
@@ -442,4 +445,31 @@ initialPods:
 	if len(ps) != 1 || ps[0].UUID != p.UUID {
 		t.Fatalf("after restart: %d pods, want the one initial pod %s", len(ps), p.UUID)
 	}
+}
+
+// childWithCmdline finds a child of d's kurmad (pid, or any when 0) whose
+// command line is want (NUL-separated, as in /proc/<pid>/cmdline).
+func childWithCmdline(d *daemon, want string, pid int) error {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	var seen []string
+	for _, e := range ents {
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // not a process, or gone
+		}
+		// The parent PID is the second field after the ")" of comm.
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(d.cmd.Process.Pid) || (pid != 0 && e.Name() != strconv.Itoa(pid)) {
+			continue
+		}
+		cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && string(cl) == want {
+			return nil
+		}
+		seen = append(seen, strings.ReplaceAll(string(cl), "\x00", " "))
+	}
+	return fmt.Errorf("no %q among kurmad's children %q", want, seen)
 }

@@ -7,11 +7,16 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
+
+// PrestartEnv is stagerspec.PrestartEnv, written out: stage-init links
+// nothing it can do without (a test keeps the two equal).
+const PrestartEnv = "KURMA_STAGER_GO_FD"
 
 // Arg is the first argument of a stage-init command line:
 // `<binary> stage-init <json>`, or `<binary> stage-init -spare`.
@@ -55,9 +60,16 @@ type Config struct {
 	// point inside the root.
 	Cgroups []Bind `json:"cgroups,omitempty"`
 	// CgroupV2Only is set when /sys/fs/cgroup itself is cgroup2.
-	CgroupV2Only bool     `json:"cgroupV2Only,omitempty"`
-	Exec         []string `json:"exec"`
-	Env          []string `json:"env,omitempty"`
+	CgroupV2Only bool `json:"cgroupV2Only,omitempty"`
+	// Prestart starts a pre-started stager (stagerspec.PrestartEnv): Root
+	// is already a mount, a shared one of the host's, through which the
+	// daemon adds the pod's files later; the mounts become slaves (the
+	// root keeps receiving from the host, nothing flows back) instead of
+	// private; and stage-init execs the stager at once, handing it fd 3,
+	// on which the daemon's go-ahead then reaches the stager itself.
+	Prestart bool     `json:"prestart,omitempty"`
+	Exec     []string `json:"exec"`
+	Env      []string `json:"env,omitempty"`
 }
 
 // Main is the body of `kurma-stage-init stage-init` (and of `kurmad
@@ -105,9 +117,16 @@ func Main(args []string) int {
 	if err := setupRoot(&c); err != nil {
 		return fail(err)
 	}
-	var b [1]byte
-	if n, _ := io.ReadFull(os.NewFile(GoFD, "go"), b[:]); n != 1 {
-		return fail(errors.New("daemon aborted the start"))
+	if c.Prestart {
+		if _, err := unix.FcntlInt(GoFD, unix.F_SETFD, 0); err != nil {
+			return fail(fmt.Errorf("pass fd %d on: %w", GoFD, err))
+		}
+		c.Env = append(c.Env, PrestartEnv+"="+strconv.Itoa(GoFD))
+	} else {
+		var b [1]byte
+		if n, _ := io.ReadFull(os.NewFile(GoFD, "go"), b[:]); n != 1 {
+			return fail(errors.New("daemon aborted the start"))
+		}
 	}
 	if err := pivotRoot(c.Root); err != nil {
 		return fail(err)
@@ -183,7 +202,7 @@ func upLoopback(hostNet bool) {
 // is unmounted in its copy too instead of being pinned by it.)
 func setupRoot(c *Config) error {
 	prop := uintptr(unix.MS_PRIVATE)
-	if c.Slave {
+	if c.Slave || c.Prestart {
 		// Still nothing propagates to the host, but the host's mounts
 		// under a (shared) host volume reach the pod.
 		prop = unix.MS_SLAVE
@@ -191,7 +210,9 @@ func setupRoot(c *Config) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|prop, ""); err != nil {
 		return fmt.Errorf("make / rprivate or rslave: %w", err)
 	}
-	if o := c.Overlay; o != nil {
+	if c.Prestart {
+		// The root is a mount already (the host's, now a slave of it).
+	} else if o := c.Overlay; o != nil {
 		opts := "lowerdir=" + o.Lower + ",upperdir=" + o.Upper + ",workdir=" + o.Work
 		if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
 			return fmt.Errorf("mount stager root overlay: %w", err)

@@ -2,7 +2,9 @@
 // tests. Its behaviour is chosen by stagerConfig.mode in /manifest:
 // "normal" (ready, then wait for SIGTERM), "never-ready", "exit-after-ready"
 // (exit 3 soon after readiness), "fail" (exit 2 before readiness),
-// "with-child" (leaves a TERM-proof child), "ignore-term". It
+// "with-child" (leaves a TERM-proof child), "ignore-term". Pre-started
+// (KURMA_STAGER_GO_FD set), it waits for the go-ahead first and sets the
+// hostname itself. It
 // records what it found in its root in /state.json. Called as
 // /opt/stager/{status,run,logs,attach} it serves the call-ins.
 package main
@@ -16,6 +18,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -113,9 +116,14 @@ func stager() {
 	syscall.CloseOnExec(4) // children must not hold the readiness pipe
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
+	prestarted := awaitGoAhead()
 	m, err := readManifest()
 	if err != nil {
 		fail(err)
+	}
+	if prestarted {
+		// The daemon could not name us: the pod did not exist yet.
+		_ = syscall.Sethostname([]byte(m.Name))
 	}
 	st := state{PID: os.Getpid(), LayersRO: map[string]bool{}, Volumes: map[string]bool{}, ManifestName: m.Name}
 	for _, order := range m.AppImageOrder {
@@ -177,4 +185,24 @@ func stager() {
 	}
 	<-sigs
 	os.Exit(0)
+}
+
+// awaitGoAhead waits, when pre-started, for the daemon's byte; EOF means
+// the daemon let us go. It reports whether we were pre-started.
+func awaitGoAhead() bool {
+	v := os.Getenv("KURMA_STAGER_GO_FD")
+	if v == "" {
+		return false
+	}
+	fd, err := strconv.Atoi(v)
+	if err != nil {
+		fail(fmt.Errorf("KURMA_STAGER_GO_FD=%q", v))
+	}
+	f := os.NewFile(uintptr(fd), "go")
+	var b [1]byte
+	if n, _ := f.Read(b[:]); n != 1 {
+		os.Exit(0)
+	}
+	f.Close()
+	return true
 }
