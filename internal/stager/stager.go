@@ -27,6 +27,13 @@ import (
 // returns an error if the pod init dies on its own.
 func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	closeInheritedOnExec()
+	// As PID 1 of the pod's PID namespace (the daemon starts us so), init
+	// runs in this process: its signals are set up first thing, before a
+	// pre-started stager's go-ahead.
+	var sigchld <-chan os.Signal
+	if os.Getpid() == 1 {
+		sigchld = initSignals()
+	}
 	if fd := os.Getenv(stagerspec.PrestartEnv); fd != "" {
 		goAhead, err := awaitGoAhead(ctx, fd)
 		if err != nil || !goAhead {
@@ -101,7 +108,7 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	}
 
 	if pi == nil {
-		if pi, err = inProcessInit(ctx, log); err != nil {
+		if pi, err = inProcessInit(ctx, log, sigchld); err != nil {
 			return err
 		}
 		defer pi.ctl.Close()
@@ -197,8 +204,7 @@ func execInit(m appc.PodManifest) (*podInit, error) {
 // namespaces): init's mounts (the pod's /proc in every app) then live in
 // the stager's own mount namespace, which is private already, and
 // teardown removes them with the apps' filesystems.
-func inProcessInit(ctx context.Context, log *slog.Logger) (*podInit, error) {
-	dropSignals()
+func inProcessInit(ctx context.Context, log *slog.Logger, sigchld <-chan os.Signal) (*podInit, error) {
 	ctl, child, err := socketpair()
 	if err != nil {
 		return nil, err
@@ -212,7 +218,7 @@ func inProcessInit(ctx context.Context, log *slog.Logger) (*podInit, error) {
 	pi := &podInit{ctl: ctl, pid: 1, done: make(chan struct{})}
 	go func() {
 		defer cc.Close()
-		pi.err = serveInit(context.WithoutCancel(ctx), log.With("role", "init"), cc)
+		pi.err = serveInit(context.WithoutCancel(ctx), log.With("role", "init"), cc, sigchld)
 		close(pi.done)
 	}()
 	pi.kill = func() {
