@@ -467,10 +467,14 @@ func (r *Runtime) finish(ctx context.Context, e *entry, msg string) {
 		}
 	}
 	e.rec.Pod.Finished = time.Now().UTC()
-	durable := !e.removing
+	removing := e.removing
 	r.mu.Unlock()
-	if err := r.save(e, durable); err != nil {
-		r.log.Warn("save pod record", "pod", e.rec.Pod.UUID, "err", err)
+	// A pod being removed keeps no record: a restart before the removal
+	// ends finds its stager gone and ends it again.
+	if !removing {
+		if err := r.save(e, true); err != nil {
+			r.log.Warn("save pod record", "pod", e.rec.Pod.UUID, "err", err)
+		}
 	}
 	select {
 	case <-e.exited:
