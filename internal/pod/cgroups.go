@@ -227,9 +227,15 @@ func cgroupPids(dir string) []int {
 	return pids
 }
 
-// removeCgroups kills every process left in the folders and removes them,
-// deepest first. Missing folders are fine.
+// removeCgroups removes the folders, deepest first, after killing every
+// process still in them. Missing folders are fine. Pod cgroups are
+// usually empty by then (the stager was PID 1 of the pod's PID namespace,
+// whose processes died with it), so removal is tried first and the scan
+// for processes only made when a folder is still busy.
 func removeCgroups(dirs []string) error {
+	if rmdirCgroups(dirs, false) == nil {
+		return nil
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		left := 0
@@ -244,6 +250,13 @@ func removeCgroups(dirs []string) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	return rmdirCgroups(dirs, true)
+}
+
+// rmdirCgroups removes the folders and their sub-folders, deepest first.
+// With wait, a folder that is busy is retried for a second: a cgroup
+// lingers briefly after its last task is reaped.
+func rmdirCgroups(dirs []string, wait bool) error {
 	var errs []error
 	for _, d := range dirs {
 		var sub []string
@@ -255,13 +268,10 @@ func removeCgroups(dirs []string) error {
 		})
 		sort.Slice(sub, func(i, j int) bool { return len(sub[i]) > len(sub[j]) })
 		for _, s := range sub {
-			var err error
-			for range 500 {
-				// A cgroup lingers briefly after its last task is reaped.
-				if err = unix.Rmdir(s); err == nil || errors.Is(err, unix.ENOENT) || !errors.Is(err, unix.EBUSY) {
-					break
-				}
+			err := unix.Rmdir(s)
+			for i := 0; wait && i < 500 && errors.Is(err, unix.EBUSY); i++ {
 				time.Sleep(2 * time.Millisecond)
+				err = unix.Rmdir(s)
 			}
 			if err != nil && !errors.Is(err, unix.ENOENT) {
 				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", s, err))
