@@ -477,7 +477,11 @@ func (b *build) makeDirs(ctx context.Context) error {
 	}
 	// A record from now on: a daemon that dies mid-create rolls it back on
 	// restart. Not synced: losing it only leaves a folder that the restart
-	// removes as debris.
+	// removes as debris. A pre-started stager's record exists already;
+	// it needs saving again only to name the empty volumes' folder.
+	if b.warm != nil && b.e.rec.Volumes == "" {
+		return nil
+	}
 	return b.r.save(b.e, false)
 }
 

@@ -93,12 +93,10 @@ func stagerEnv(st *image.Image) []string {
 func (b *build) launch(ctx context.Context) error {
 	r := b.r
 	if b.warm != nil {
-		// Started already, in its cgroups: add the pod's files.
-		if err := b.attachWarm(ctx); err != nil {
-			return err
-		}
+		// Started already, in its cgroups, its pid recorded: add the
+		// pod's files (under its folder, which a rollback unmounts).
 		b.deadline = time.Now().Add(r.opts.ReadyTimeout)
-		return r.save(b.e, false)
+		return b.attachWarm(ctx)
 	}
 	spec := b.e.rec.Pod.Spec
 	hostNet := len(spec.Networks) == 1 && spec.Networks[0] == "host"
