@@ -45,7 +45,7 @@ type initServer struct {
 	reaped chan struct{}
 
 	// spawner starts apps and call-in processes with their privileges.
-	spawner spawner
+	spawner *spawner
 }
 
 // appProc is one running (or exited) app.
@@ -86,7 +86,7 @@ func RunInit(ctx context.Context, log *slog.Logger) error {
 	// SIGTERM unless told otherwise: handle and drop them (the stager
 	// asks for shutdown over ctl). Handled, not ignored, so that children
 	// get default dispositions.
-	return serveInit(ctx, log, ctl, initSignals(syscall.SIGTERM, syscall.SIGINT))
+	return serveInit(ctx, log, ctl, prepareInit(syscall.SIGTERM, syscall.SIGINT))
 }
 
 // pid1Signals are the signals whose Go default (exit) would end a PID 1
@@ -97,12 +97,19 @@ var pid1Signals = []os.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, 
 	syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGVTALRM, syscall.SIGPROF, syscall.SIGXCPU,
 	syscall.SIGXFSZ, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGSTKFLT, syscall.SIGPWR, syscall.SIGIO}
 
-// initSignals sets up the signals of a pod init: it handles and discards
-// pid1Signals and extra, and returns the channel of SIGCHLD for the reaper.
-// Each signal costs the Go runtime a hand-off to its signal-mask thread and
-// back, two context switches that are dear on some virtual machines (a
-// pre-started stager does this before its go-ahead: ~5 ms on one).
-func initSignals(extra ...os.Signal) <-chan os.Signal {
+// initPrep is what a pod init sets up before it knows its pod.
+type initPrep struct {
+	sigchld <-chan os.Signal // SIGCHLD, for the reaper
+	spawner *spawner
+}
+
+// prepareInit sets up the signals of a pod init (it handles and discards
+// pid1Signals and extra) and the spawner's thread for apps of default
+// privileges. Each handled signal costs the Go runtime a hand-off to its
+// signal-mask thread and back, and a spawner thread costs a thread start
+// and some thirty prctl calls: a pre-started stager does all this before
+// its go-ahead (about 5 ms on a VM whose context switches are dear).
+func prepareInit(extra ...os.Signal) *initPrep {
 	drop := make(chan os.Signal, 4)
 	signal.Notify(drop, append(extra, pid1Signals...)...)
 	go func() {
@@ -111,13 +118,16 @@ func initSignals(extra ...os.Signal) <-chan os.Signal {
 	}()
 	sigchld := make(chan os.Signal, 1)
 	signal.Notify(sigchld, syscall.SIGCHLD)
-	return sigchld
+	sp := &spawner{}
+	// A failure here is met again, and reported, when an app starts.
+	_, _ = sp.thread(Privileges{Caps: DefaultCaps})
+	return &initPrep{sigchld: sigchld, spawner: sp}
 }
 
 // serveInit is the pod init on its control connection: in its own process
 // (RunInit), or inside the stager when the stager is itself PID 1 of the
-// pod's PID namespace (RunStager). sigchld comes from initSignals.
-func serveInit(ctx context.Context, log *slog.Logger, ctl *net.UnixConn, sigchld <-chan os.Signal) error {
+// pod's PID namespace (RunStager). prep comes from prepareInit.
+func serveInit(ctx context.Context, log *slog.Logger, ctl *net.UnixConn, prep *initPrep) error {
 	// Not dumpable: /proc/1 of the pod (our root, cwd, descriptors, memory)
 	// stays closed to the apps, who share our PID namespace but not our
 	// capabilities (caps.go).
@@ -125,7 +135,8 @@ func serveInit(ctx context.Context, log *slog.Logger, ctl *net.UnixConn, sigchld
 		return fmt.Errorf("set non-dumpable: %w", err)
 	}
 	s := &initServer{log: log, apps: map[string]*appProc{}, waiters: map[int]func(syscall.WaitStatus){}, reaped: make(chan struct{}, 1)}
-	go s.reap(sigchld)
+	s.spawner = prep.spawner
+	go s.reap(prep.sigchld)
 
 	var start request
 	if _, err := recv(ctl, &start); err != nil {

@@ -30,9 +30,9 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	// As PID 1 of the pod's PID namespace (the daemon starts us so), init
 	// runs in this process: its signals are set up first thing, before a
 	// pre-started stager's go-ahead.
-	var sigchld <-chan os.Signal
+	var prep *initPrep
 	if os.Getpid() == 1 {
-		sigchld = initSignals()
+		prep = prepareInit()
 	}
 	if fd := os.Getenv(stagerspec.PrestartEnv); fd != "" {
 		goAhead, err := awaitGoAhead(ctx, fd)
@@ -108,7 +108,7 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 	}
 
 	if pi == nil {
-		if pi, err = inProcessInit(ctx, log, sigchld); err != nil {
+		if pi, err = inProcessInit(ctx, log, prep); err != nil {
 			return err
 		}
 		defer pi.ctl.Close()
@@ -204,7 +204,7 @@ func execInit(m appc.PodManifest) (*podInit, error) {
 // namespaces): init's mounts (the pod's /proc in every app) then live in
 // the stager's own mount namespace, which is private already, and
 // teardown removes them with the apps' filesystems.
-func inProcessInit(ctx context.Context, log *slog.Logger, sigchld <-chan os.Signal) (*podInit, error) {
+func inProcessInit(ctx context.Context, log *slog.Logger, prep *initPrep) (*podInit, error) {
 	ctl, child, err := socketpair()
 	if err != nil {
 		return nil, err
@@ -218,7 +218,7 @@ func inProcessInit(ctx context.Context, log *slog.Logger, sigchld <-chan os.Sign
 	pi := &podInit{ctl: ctl, pid: 1, done: make(chan struct{})}
 	go func() {
 		defer cc.Close()
-		pi.err = serveInit(context.WithoutCancel(ctx), log.With("role", "init"), cc, sigchld)
+		pi.err = serveInit(context.WithoutCancel(ctx), log.With("role", "init"), cc, prep)
 		close(pi.done)
 	}()
 	pi.kill = func() {
