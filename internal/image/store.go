@@ -62,14 +62,17 @@ type indexFile struct {
 	Version int                 `json:"version"`
 	Entries map[string]*record  `json:"entries"`
 	Refs    map[string]string   `json:"refs"`
-	Leases  map[string][]string `json:"leases"`
+	// Leases are kept in memory only: their files are under leases/
+	// (lease.go). Indexes of older versions stored them here.
+	Leases map[string][]string `json:"leases,omitempty"`
 }
 
 // FSStore is the Store on a local directory:
 //
 //	<root>/entries/<id>/rootfs     extracted root filesystem (layers, ACIs)
 //	<root>/entries/<id>/manifest   appc image manifest (JSON)
-//	<root>/index.json              refs, entries, leases (written atomically)
+//	<root>/index.json              refs and entries (written atomically, fsynced)
+//	<root>/leases/<holder>         the images a holder leases (lease.go)
 //	<root>/tmp/                    work in progress, emptied by Open
 //	<root>/lock                    flock(2)ed by the one process using the store
 //
@@ -137,6 +140,10 @@ func Open(ctx context.Context, dir string, opts Options) (_ *FSStore, retErr err
 	if err := s.load(); err != nil {
 		return nil, err
 	}
+	migrated, err := s.loadLeases(ctx)
+	if err != nil {
+		return nil, err
+	}
 	ents, err := os.ReadDir(s.entriesDir())
 	if err != nil {
 		return nil, fmt.Errorf("read image store: %w", err)
@@ -167,7 +174,7 @@ func Open(ctx context.Context, dir string, opts Options) (_ *FSStore, retErr err
 	// Layers of a pull that never finished are unreferenced: collect them.
 	s.mu.Lock()
 	trash, err := s.gcLocked()
-	if err == nil && len(trash) > 0 {
+	if err == nil && (len(trash) > 0 || migrated) {
 		err = s.saveLocked()
 	}
 	s.mu.Unlock()
@@ -229,7 +236,9 @@ func (s *FSStore) load() error {
 
 // saveLocked writes index.json atomically. Callers hold mu for writing.
 func (s *FSStore) saveLocked() error {
-	b, err := json.Marshal(&s.idx)
+	idx := s.idx
+	idx.Leases = nil // in their own files
+	b, err := json.Marshal(&idx)
 	if err != nil {
 		return fmt.Errorf("encode image index: %w", err)
 	}
