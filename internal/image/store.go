@@ -59,9 +59,9 @@ type record struct {
 }
 
 type indexFile struct {
-	Version int                 `json:"version"`
-	Entries map[string]*record  `json:"entries"`
-	Refs    map[string]string   `json:"refs"`
+	Version int                `json:"version"`
+	Entries map[string]*record `json:"entries"`
+	Refs    map[string]string  `json:"refs"`
 	// Leases are kept in memory only: their files are under leases/
 	// (lease.go). Indexes of older versions stored them here.
 	Leases map[string][]string `json:"leases,omitempty"`
