@@ -1,4 +1,4 @@
-// Package api is kurmad's control API and its Go client: versioned (/v1)
+// Package api is kurmad's control API server: versioned (/v1)
 // HTTP/JSON over a unix socket (0660, root-owned, group from the config).
 //
 // Why HTTP/JSON rather than gRPC: the API is local only, its callers are the
@@ -9,7 +9,7 @@
 //   - interactive streams (exec, attach, and a pod create with wait=true,
 //     which serves `kurma run` in one round trip) switch the connection with
 //     HTTP Upgrade ("kurma-stream") and then speak the frame protocol of
-//     stream.go: stdin, stdout, stderr and JSON control frames (resize,
+//     wire/stream.go: stdin, stdout, stderr and JSON control frames (resize,
 //     stdin close, the exit code, errors);
 //   - one-way streams (pull progress) are chunked NDJSON, and logs are a
 //     chunked byte stream whose final error, if any, travels in the
@@ -21,8 +21,10 @@
 //
 // Locking: Server holds no mutable state of its own beyond what net/http
 // owns; each request runs in its own goroutine and the pod.Manager and
-// image.Store it calls are safe for concurrent use. Client is safe for
-// concurrent use.
+// image.Store it calls are safe for concurrent use.
+//
+// The wire types and frames are in internal/api/wire, the Go client the
+// kurma CLI uses (HTTP/1.1 without net/http) in internal/api/client.
 //
 // It imports the pod and image contracts (interfaces and types) only; it
 // must never import their implementations, the daemon's main or the CLI.

@@ -48,7 +48,7 @@ func (s *Server) upgrade(w http.ResponseWriter, r *http.Request) (*session, erro
 	pr, pw := io.Pipe()
 	ctx, cancel := context.WithCancel(r.Context())
 	ss := &session{
-		conn: conn, fw: &frameWriter{w: conn}, stdin: pr,
+		conn: conn, fw: newFrameWriter(conn), stdin: pr,
 		resize: make(chan pod.TermSize, 8), ctx: ctx, cancel: cancel,
 	}
 	ss.wg.Add(1)
@@ -104,9 +104,9 @@ func (ss *session) readLoop(br *bufio.Reader, stdin *io.PipeWriter) {
 func (ss *session) finish(code int, err error) {
 	if err != nil {
 		b := errorBody(err)
-		_ = ss.fw.control(Control{Type: "error", Error: &b.Error})
+		_ = ss.fw.Control(Control{Type: "error", Error: &b.Error})
 	} else {
-		_ = ss.fw.control(Control{Type: "exit", Code: code})
+		_ = ss.fw.Control(Control{Type: "exit", Code: code})
 	}
 	if cw, ok := ss.conn.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
@@ -127,7 +127,7 @@ func (ss *session) finish(code int, err error) {
 // manager's wait does not hang on a client that still holds its stdin open
 // (exec.Cmd waits for its copier only when Stdin is not an *os.File).
 func (ss *session) io(stdin, tty bool) (o pod.IO, release func(), err error) {
-	o = pod.IO{Stdout: ss.fw.stream(FrameStdout), Stderr: ss.fw.stream(FrameStderr), TTY: tty}
+	o = pod.IO{Stdout: ss.fw.Stream(FrameStdout), Stderr: ss.fw.Stream(FrameStderr), TTY: tty}
 	if tty {
 		o.Resize = ss.resize
 	}
@@ -166,7 +166,7 @@ func (s *Server) runPod(w http.ResponseWriter, r *http.Request, req *CreatePodRe
 		s.removeAfterRun(p, req.Remove)
 		return
 	}
-	_ = ss.fw.control(Control{Type: "pod", Pod: p})
+	_ = ss.fw.Control(Control{Type: "pod", Pod: p})
 	t1 := time.Now()
 	code, err := s.followRun(ss, p, req)
 	tFollow := time.Since(t1)
@@ -210,7 +210,7 @@ func (s *Server) followRun(ss *session, p *pod.Pod, req *CreatePodRequest) (int,
 		st, serr := s.settled(ss.ctx, p.UUID)
 		if serr == nil {
 			if as, ok := st[app]; ok && as.Exited {
-				if err := s.pods.Logs(ss.ctx, p.UUID, app, false, ss.fw.stream(FrameStdout)); err != nil && ss.ctx.Err() == nil {
+				if err := s.pods.Logs(ss.ctx, p.UUID, app, false, ss.fw.Stream(FrameStdout)); err != nil && ss.ctx.Err() == nil {
 					return 0, fmt.Errorf("logs: %w", err)
 				}
 				return exitCode(as), nil
@@ -266,7 +266,7 @@ func (s *Server) followTerminal(ss *session, p *pod.Pod, app string) error {
 	if err != nil && ss.ctx.Err() == nil {
 		// The app may have ended before attach got there; its output is in
 		// its log.
-		if lerr := s.pods.Logs(ss.ctx, p.UUID, app, false, ss.fw.stream(FrameStdout)); lerr != nil {
+		if lerr := s.pods.Logs(ss.ctx, p.UUID, app, false, ss.fw.Stream(FrameStdout)); lerr != nil {
 			return fmt.Errorf("attach: %w", err)
 		}
 	}
@@ -297,7 +297,7 @@ func (s *Server) followLog(ss *session, p *pod.Pod, app string, stdin bool) erro
 			}
 		}()
 	}
-	err := s.pods.Logs(ss.ctx, p.UUID, app, true, ss.fw.stream(FrameStdout))
+	err := s.pods.Logs(ss.ctx, p.UUID, app, true, ss.fw.Stream(FrameStdout))
 	acancel()
 	awg.Wait()
 	if err != nil && ss.ctx.Err() == nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	apiclient "kurma.dev/kurma/internal/api/client"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,7 @@ import (
 )
 
 // startServer serves a Server over fakes on a unix socket in a temp dir.
-func startServer(t *testing.T) (*Client, *fakeManager, *fakeStore, string) {
+func startServer(t *testing.T) (*apiclient.Client, *fakeManager, *fakeStore, string) {
 	t.Helper()
 	fm := newFakeManager()
 	fs := &fakeStore{imgs: map[string]*image.Image{
@@ -34,7 +35,7 @@ func startServer(t *testing.T) (*Client, *fakeManager, *fakeStore, string) {
 // serve serves a Server made from opts on a unix socket in a temp dir.
 // stop ends it and returns what Serve returned; cleanup calls it too, and
 // checks that the socket is gone.
-func serve(t *testing.T, opts Options) (c *Client, sock string, stop func() error) {
+func serve(t *testing.T, opts Options) (c *apiclient.Client, sock string, stop func() error) {
 	t.Helper()
 	srv, err := NewServer(opts)
 	if err != nil {
@@ -57,7 +58,7 @@ func serve(t *testing.T, opts Options) (c *Client, sock string, stop func() erro
 		})
 		return serveErr
 	}
-	c = NewClient(sock)
+	c = apiclient.New(sock)
 	t.Cleanup(func() {
 		c.Close()
 		if err := stop(); err != nil {
@@ -158,14 +159,14 @@ func TestErrors(t *testing.T) {
 			return err
 		}, kerrors.Invalid},
 		{"exec missing pod", func() error {
-			_, err := c.Exec(ctx, "nope", ExecRequest{Exec: []string{"true"}}, StreamIO{})
+			_, err := c.Exec(ctx, "nope", ExecRequest{Exec: []string{"true"}}, apiclient.StreamIO{})
 			return err
 		}, kerrors.NotFound},
-		{"exec no command", func() error { _, err := c.Exec(ctx, "nope", ExecRequest{}, StreamIO{}); return err }, kerrors.Invalid},
+		{"exec no command", func() error { _, err := c.Exec(ctx, "nope", ExecRequest{}, apiclient.StreamIO{}); return err }, kerrors.Invalid},
 		{"image missing", func() error { _, err := c.GetImage(ctx, "docker://x/y:z"); return err }, kerrors.NotFound},
 		{"pull unreachable", func() error { _, err := c.Pull(ctx, "docker://nowhere/x", false, nil); return err }, kerrors.Unavailable},
 		{"daemon down", func() error {
-			_, err := NewClient(sock + ".none").Version(ctx)
+			_, err := apiclient.New(sock + ".none").Version(ctx)
 			return err
 		}, kerrors.Unavailable},
 	}
@@ -203,7 +204,7 @@ func TestExec(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			code, err := c.Exec(ctx, "p", tc.req, StreamIO{Stdin: tc.stdin, Stdout: &out, Stderr: &errb})
+			code, err := c.Exec(ctx, "p", tc.req, apiclient.StreamIO{Stdin: tc.stdin, Stdout: &out, Stderr: &errb})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,7 +220,7 @@ func TestExec(t *testing.T) {
 		t.Cleanup(func() { pw.Close() })
 		done := make(chan error, 1)
 		go func() {
-			_, err := c.Exec(ctx, "p", ExecRequest{Exec: []string{"true-proc"}}, StreamIO{Stdin: pr, Stdout: io.Discard})
+			_, err := c.Exec(ctx, "p", ExecRequest{Exec: []string{"true-proc"}}, apiclient.StreamIO{Stdin: pr, Stdout: io.Discard})
 			done <- err
 		}()
 		select {
@@ -232,13 +233,13 @@ func TestExec(t *testing.T) {
 		}
 	})
 	t.Run("manager error", func(t *testing.T) {
-		_, err := c.Exec(ctx, "p", ExecRequest{Exec: []string{"boom"}}, StreamIO{})
+		_, err := c.Exec(ctx, "p", ExecRequest{Exec: []string{"boom"}}, apiclient.StreamIO{})
 		if !errors.Is(err, kerrors.Unavailable) || !strings.Contains(err.Error(), "stager gone") {
 			t.Fatalf("err = %v", err)
 		}
 	})
 	t.Run("unknown app", func(t *testing.T) {
-		_, err := c.Exec(ctx, "p", ExecRequest{App: "other", Exec: []string{"true"}}, StreamIO{})
+		_, err := c.Exec(ctx, "p", ExecRequest{App: "other", Exec: []string{"true"}}, apiclient.StreamIO{})
 		if !errors.Is(err, kerrors.NotFound) {
 			t.Fatalf("err = %v", err)
 		}
@@ -256,7 +257,7 @@ func TestRunAndAttach(t *testing.T) {
 	var out bytes.Buffer
 	var seen *pod.Pod
 	p, code, err := c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Apps: []pod.AppSpec{{Image: "busybox"}}}, Remove: true},
-		StreamIO{Stdout: &out, OnPod: func(p *pod.Pod) { seen = p }})
+		apiclient.StreamIO{Stdout: &out, OnPod: func(p *pod.Pod) { seen = p }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,22 +271,22 @@ func TestRunAndAttach(t *testing.T) {
 	// the status polled until it exits.
 	fm.running = 3
 	out.Reset()
-	_, code, err = c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Apps: []pod.AppSpec{{Image: "busybox"}}}, Remove: true}, StreamIO{Stdout: &out})
+	_, code, err = c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Apps: []pod.AppSpec{{Image: "busybox"}}}, Remove: true}, apiclient.StreamIO{Stdout: &out})
 	if err != nil || code != 7 || out.String() != fm.logs || fm.running != 0 {
 		t.Fatalf("followed run: code %d out %q running %d err %v", code, out.String(), fm.running, err)
 	}
 	// Without remove the pod stays; attach echoes stdin.
-	p, _, err = c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Name: "keep", Apps: []pod.AppSpec{{Image: "busybox"}}}}, StreamIO{Stdout: io.Discard})
+	p, _, err = c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Name: "keep", Apps: []pod.AppSpec{{Image: "busybox"}}}}, apiclient.StreamIO{Stdout: io.Discard})
 	if err != nil || p.Name != "keep" {
 		t.Fatalf("run keep: %v %v", p, err)
 	}
 	out.Reset()
-	code, err = c.Attach(ctx, "keep", AttachRequest{}, StreamIO{Stdin: strings.NewReader("ping\n"), Stdout: &out})
+	code, err = c.Attach(ctx, "keep", AttachRequest{}, apiclient.StreamIO{Stdin: strings.NewReader("ping\n"), Stdout: &out})
 	if err != nil || out.String() != "ping\n" || code != 7 {
 		t.Fatalf("attach: %q %d %v", out.String(), code, err)
 	}
 	// A failed create is an ordinary error, not a stream.
-	_, _, err = c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Name: "keep", Apps: []pod.AppSpec{{Image: "busybox"}}}}, StreamIO{})
+	_, _, err = c.RunPod(ctx, CreatePodRequest{Spec: pod.Spec{Name: "keep", Apps: []pod.AppSpec{{Image: "busybox"}}}}, apiclient.StreamIO{})
 	if !errors.Is(err, kerrors.Conflict) {
 		t.Fatalf("run duplicate: %v", err)
 	}

@@ -11,18 +11,18 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"kurma.dev/kurma/internal/api"
+	"kurma.dev/kurma/internal/api/wire"
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 )
 
 // maxSpecBytes bounds a pod spec file.
 const maxSpecBytes = 1 << 20
 
-// ParseSpec reads a pod spec (the API's pod.Spec) written in YAML or JSON.
+// ParseSpec reads a pod spec (the API's podtypes.Spec) written in YAML or JSON.
 // Unknown fields are refused; the spec is checked like the API does.
-func ParseSpec(data []byte) (pod.Spec, error) {
-	var spec pod.Spec
+func ParseSpec(data []byte) (podtypes.Spec, error) {
+	var spec podtypes.Spec
 	if len(data) > maxSpecBytes {
 		return spec, kerrors.New(kerrors.Invalid, "pod spec larger than %d bytes", maxSpecBytes)
 	}
@@ -33,13 +33,13 @@ func ParseSpec(data []byte) (pod.Spec, error) {
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
-		return pod.Spec{}, kerrors.New(kerrors.Invalid, "pod spec: %v", err)
+		return podtypes.Spec{}, kerrors.New(kerrors.Invalid, "pod spec: %v", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return pod.Spec{}, kerrors.New(kerrors.Invalid, "pod spec: trailing data")
+		return podtypes.Spec{}, kerrors.New(kerrors.Invalid, "pod spec: trailing data")
 	}
-	if err := api.ValidateSpec(&spec); err != nil {
-		return pod.Spec{}, err
+	if err := wire.ValidateSpec(&spec); err != nil {
+		return podtypes.Spec{}, err
 	}
 	return spec, nil
 }

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"kurma.dev/kurma/internal/api"
+	"kurma.dev/kurma/internal/api/wire"
 	"kurma.dev/kurma/internal/kerrors"
 )
 
@@ -54,7 +54,7 @@ func FuzzParseSpec(f *testing.F) {
 			}
 			return
 		}
-		if err := api.ValidateSpec(&s); err != nil {
+		if err := wire.ValidateSpec(&s); err != nil {
 			t.Fatalf("accepted spec fails validation: %v", err)
 		}
 	})

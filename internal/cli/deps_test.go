@@ -2,6 +2,7 @@ package cli
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,9 +10,11 @@ import (
 )
 
 // TestCLIDoesNotLinkTheStore: the kurma binary names the image store's
-// types through internal/image/imagetypes and must not link the store,
-// whose registry client and its dependencies cost every command their
-// package initialisation at start-up.
+// types through internal/image/imagetypes and the pod types through
+// internal/pod/podtypes, and talks to kurmad through internal/api/client.
+// It must not link the store (its registry client), the pod runtime, the
+// API server or net/http (crypto/tls and x509 with it), whose package
+// initialisation and page faults every command would pay at start-up.
 func TestCLIDoesNotLinkTheStore(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -24,8 +27,10 @@ func TestCLIDoesNotLinkTheStore(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	for _, p := range strings.Fields(string(out)) {
-		for _, bad := range []string{"kurma.dev/kurma/internal/image", "github.com/google/go-containerregistry", "github.com/vishvananda/netlink/nl"} {
-			if p == bad || (bad != "kurma.dev/kurma/internal/image" && strings.HasPrefix(p, bad)) {
+		exact := []string{"kurma.dev/kurma/internal/image", "kurma.dev/kurma/internal/pod", "kurma.dev/kurma/internal/api",
+			"net/http", "crypto/tls", "crypto/x509", "github.com/google/uuid"}
+		for _, bad := range append(exact, "github.com/google/go-containerregistry", "github.com/vishvananda/netlink/nl") {
+			if p == bad || (!slices.Contains(exact, bad) && strings.HasPrefix(p, bad)) {
 				t.Errorf("cmd/kurma links %s", p)
 			}
 		}

@@ -3,8 +3,9 @@ package cli
 import (
 	"github.com/spf13/cobra"
 
-	"kurma.dev/kurma/internal/api"
-	"kurma.dev/kurma/internal/pod"
+	apiclient "kurma.dev/kurma/internal/api/client"
+	"kurma.dev/kurma/internal/api/wire"
+	"kurma.dev/kurma/internal/pod/podtypes"
 )
 
 func newExecCmd(e *env) *cobra.Command {
@@ -38,9 +39,9 @@ command follows it; with --app it is always the command.`,
 			if err != nil {
 				return err
 			}
-			req := api.ExecRequest{App: app, Exec: rest, Env: envv, WorkingDirectory: workdir, TTY: tty}
+			req := wire.ExecRequest{App: app, Exec: rest, Env: envv, WorkingDirectory: workdir, TTY: tty}
 			req.User, req.Group = ParseUser(user)
-			sio := api.StreamIO{Stdout: e.stdout, Stderr: e.stderr}
+			sio := apiclient.StreamIO{Stdout: e.stdout, Stderr: e.stderr}
 			if interactive {
 				sio.Stdin = e.stdin
 			}
@@ -73,7 +74,7 @@ command follows it; with --app it is always the command.`,
 
 // pickApp reports whether arg names an app of p, so that it is the APP
 // argument of exec rather than the command.
-func pickApp(p *pod.Pod, arg string) bool {
+func pickApp(p *podtypes.Pod, arg string) bool {
 	for _, a := range p.Apps {
 		if a.Name == arg {
 			return true
@@ -97,7 +98,7 @@ func newAttachCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := api.AttachRequest{}
+			req := wire.AttachRequest{}
 			if len(args) == 2 {
 				req.App = args[1]
 			}
@@ -106,7 +107,7 @@ func newAttachCmd(e *env) *cobra.Command {
 					req.TTY = true
 				}
 			}
-			sio := api.StreamIO{Stdout: e.stdout, Stderr: e.stderr}
+			sio := apiclient.StreamIO{Stdout: e.stdout, Stderr: e.stderr}
 			if !noStdin {
 				sio.Stdin = e.stdin
 			}

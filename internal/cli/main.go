@@ -11,7 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kurma.dev/kurma/internal/api"
+	apiclient "kurma.dev/kurma/internal/api/client"
+	"kurma.dev/kurma/internal/api/wire"
 	"kurma.dev/kurma/internal/kerrors"
 )
 
@@ -34,7 +35,7 @@ type env struct {
 	stderr io.Writer
 }
 
-func (e *env) client() *api.Client { return api.NewClient(e.socket) }
+func (e *env) client() *apiclient.Client { return apiclient.New(e.socket) }
 
 // eachRef applies do to every reference named on the command line, printing
 // each one that succeeds, as docker and podman do for stop and rm. It goes
@@ -97,7 +98,7 @@ func newRoot(e *env) *cobra.Command {
 	}
 	def := os.Getenv("KURMA_SOCKET")
 	if def == "" {
-		def = api.DefaultSocket
+		def = wire.DefaultSocket
 	}
 	root.PersistentFlags().StringVar(&e.socket, "socket", def, "kurmad API socket (env KURMA_SOCKET)")
 	root.PersistentFlags().BoolVar(&e.json, "json", false, "print JSON instead of tables")

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 )
 
 func newPsCmd(e *env) *cobra.Command {
@@ -26,9 +26,9 @@ func newPsCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sel := []*pod.Pod{}
+			sel := []*podtypes.Pod{}
 			for _, p := range pods {
-				if all || p.State == pod.Running || p.State == pod.Creating || p.State == pod.Stopping {
+				if all || p.State == podtypes.Running || p.State == podtypes.Creating || p.State == podtypes.Stopping {
 					sel = append(sel, p)
 				}
 			}
@@ -69,7 +69,7 @@ func newInspectCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := e.client()
 			defer c.Close()
-			var out []*pod.Pod
+			var out []*podtypes.Pod
 			for _, ref := range args {
 				p, err := c.GetPod(cmd.Context(), ref)
 				if err != nil {

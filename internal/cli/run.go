@@ -5,9 +5,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kurma.dev/kurma/internal/api"
+	apiclient "kurma.dev/kurma/internal/api/client"
+	"kurma.dev/kurma/internal/api/wire"
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 )
 
 type runFlags struct {
@@ -44,18 +45,18 @@ app's output and exits with its exit code.`,
 	return cmd
 }
 
-func buildSpec(f *runFlags, args []string) (pod.Spec, error) {
-	app := pod.AppSpec{Name: f.appName, Image: args[0], Exec: args[1:], TTY: f.tty, WorkingDirectory: f.workdir}
+func buildSpec(f *runFlags, args []string) (podtypes.Spec, error) {
+	app := podtypes.AppSpec{Name: f.appName, Image: args[0], Exec: args[1:], TTY: f.tty, WorkingDirectory: f.workdir}
 	app.User, app.Group = ParseUser(f.user)
 	var err error
 	if app.Env, err = ParseEnv(f.env); err != nil {
-		return pod.Spec{}, err
+		return podtypes.Spec{}, err
 	}
-	spec := pod.Spec{Name: f.name, StagerImage: f.stager}
+	spec := podtypes.Spec{Name: f.name, StagerImage: f.stager}
 	for i, v := range f.volumes {
 		vol, m, err := ParseVolume(v, i)
 		if err != nil {
-			return pod.Spec{}, err
+			return podtypes.Spec{}, err
 		}
 		dup := false
 		for _, ov := range spec.Volumes {
@@ -67,11 +68,11 @@ func buildSpec(f *runFlags, args []string) (pod.Spec, error) {
 		app.Mounts = append(app.Mounts, m)
 	}
 	if spec.Networks, err = parseNets(f.nets); err != nil {
-		return pod.Spec{}, err
+		return podtypes.Spec{}, err
 	}
-	spec.Apps = []pod.AppSpec{app}
-	if err := api.ValidateSpec(&spec); err != nil {
-		return pod.Spec{}, err
+	spec.Apps = []podtypes.AppSpec{app}
+	if err := wire.ValidateSpec(&spec); err != nil {
+		return podtypes.Spec{}, err
 	}
 	return spec, nil
 }
@@ -98,7 +99,7 @@ func runPod(cmd *cobra.Command, e *env, f *runFlags, args []string) error {
 		fmt.Fprintln(e.stdout, p.UUID)
 		return nil
 	}
-	sio := api.StreamIO{Stdout: e.stdout, Stderr: e.stderr}
+	sio := apiclient.StreamIO{Stdout: e.stdout, Stderr: e.stderr}
 	if f.interactive {
 		sio.Stdin = e.stdin
 	}
@@ -108,10 +109,10 @@ func runPod(cmd *cobra.Command, e *env, f *runFlags, args []string) error {
 		sio.Resize = ts.resize
 		if ts.rows > 0 && ts.cols > 0 {
 			// The app's terminal starts at the caller's size.
-			spec.Apps[0].TTYSize = &pod.TermSize{Rows: ts.rows, Cols: ts.cols}
+			spec.Apps[0].TTYSize = &podtypes.TermSize{Rows: ts.rows, Cols: ts.cols}
 		}
 	}
-	_, code, err := c.RunPod(ctx, api.CreatePodRequest{Spec: spec, Remove: f.rm}, sio)
+	_, code, err := c.RunPod(ctx, wire.CreatePodRequest{Spec: spec, Remove: f.rm}, sio)
 	if err != nil {
 		return err
 	}

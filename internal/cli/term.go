@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/term"
 
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 )
 
 // isTerminal reports whether r or w is a terminal (an *os.File on a tty).
@@ -30,18 +30,18 @@ func fdOf(f any) (int, bool) {
 // ttySession puts the caller's terminal in raw mode and reports its size
 // changes. restore must be called (it is safe when nothing was changed).
 type ttySession struct {
-	resize  chan pod.TermSize
+	resize  chan podtypes.TermSize
 	restore func()
 	rows    uint16
 	cols    uint16
 }
 
 func startTTY(ctx context.Context, in io.Reader, out io.Writer) *ttySession {
-	ts := &ttySession{resize: make(chan pod.TermSize, 4), restore: func() {}}
+	ts := &ttySession{resize: make(chan podtypes.TermSize, 4), restore: func() {}}
 	if ofd, ok := fdOf(out); ok && term.IsTerminal(ofd) {
 		if w, h, err := term.GetSize(ofd); err == nil {
 			ts.cols, ts.rows = uint16(w), uint16(h)
-			ts.resize <- pod.TermSize{Rows: ts.rows, Cols: ts.cols}
+			ts.resize <- podtypes.TermSize{Rows: ts.rows, Cols: ts.cols}
 		}
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGWINCH)
@@ -54,7 +54,7 @@ func startTTY(ctx context.Context, in io.Reader, out io.Writer) *ttySession {
 				case <-sig:
 					if w, h, err := term.GetSize(ofd); err == nil {
 						select {
-						case ts.resize <- pod.TermSize{Rows: uint16(h), Cols: uint16(w)}:
+						case ts.resize <- podtypes.TermSize{Rows: uint16(h), Cols: uint16(w)}:
 						default:
 						}
 					}

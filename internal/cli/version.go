@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"kurma.dev/kurma/internal/api"
+	"kurma.dev/kurma/internal/api/wire"
 )
 
 func newVersionCmd(e *env) *cobra.Command {
@@ -15,7 +15,7 @@ func newVersionCmd(e *env) *cobra.Command {
 		Short: "Print the client's and the daemon's versions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client := api.VersionInfo{Version: Version, APIVersion: api.Version, GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
+			client := wire.VersionInfo{Version: Version, APIVersion: wire.Version, GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
 			c := e.client()
 			defer c.Close()
 			server, err := c.Version(cmd.Context())

@@ -14,6 +14,7 @@ import (
 
 	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/internal/pod/podtypes"
 	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/pkg/appc"
 	"kurma.dev/kurma/pkg/stagerspec"
@@ -71,25 +72,8 @@ func StepNames() []string {
 	return out
 }
 
-// ValidName reports whether s may name a pod: 1 to 63 letters, digits,
-// '_', '.' or '-', starting with a letter or digit (names become directory
-// and host names). Written out rather than a regexp, whose compilation
-// at start-up every kurma command would pay.
-func ValidName(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case i > 0 && (c == '_' || c == '.' || c == '-'):
-		default:
-			return false
-		}
-	}
-	return true
-}
+// ValidName reports whether s may name a pod (podtypes.ValidName).
+func ValidName(s string) bool { return podtypes.ValidName(s) }
 
 // validateSpec checks a spec before anything is made.
 func validateSpec(s *Spec) error {

@@ -1,10 +1,10 @@
-package api
+package wire
 
 import (
 	"encoding/json"
 
 	image "kurma.dev/kurma/internal/image/imagetypes"
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 	"kurma.dev/kurma/pkg/appc"
 )
 
@@ -33,10 +33,10 @@ type ErrorInfo struct {
 
 // CreatePodRequest is the body of POST /v1/pods.
 type CreatePodRequest struct {
-	Spec pod.Spec `json:"spec"`
+	Spec podtypes.Spec `json:"spec"`
 	// Wait turns the call into a stream (the client must ask for an
 	// upgrade): the server creates the pod, streams the first app's output
-	// until it exits, sends its exit code and, with Remove, removes the pod.
+	// until it exits, sends its exit code and, with Remove, removes the podtypes.
 	Wait bool `json:"wait,omitempty"`
 	// Remove (with Wait) removes the pod once its first app has exited.
 	Remove bool `json:"remove,omitempty"`
@@ -106,19 +106,31 @@ type VersionInfo struct {
 type Control struct {
 	// Type is one of "pod" (Pod set: the pod a run created), "resize"
 	// (Rows, Cols), "stdin-close", "exit" (Code) or "error" (Error).
-	Type  string     `json:"type"`
-	Pod   *pod.Pod   `json:"pod,omitempty"`
-	Rows  uint16     `json:"rows,omitempty"`
-	Cols  uint16     `json:"cols,omitempty"`
-	Code  int        `json:"code"`
-	Error *ErrorInfo `json:"error,omitempty"`
+	Type  string        `json:"type"`
+	Pod   *podtypes.Pod `json:"pod,omitempty"`
+	Rows  uint16        `json:"rows,omitempty"`
+	Cols  uint16        `json:"cols,omitempty"`
+	Code  int           `json:"code"`
+	Error *ErrorInfo    `json:"error,omitempty"`
 }
 
-func mustJSON(v any) []byte {
+// MustJSON encodes one of this package's own types (which cannot fail).
+func MustJSON(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
 		// Only our own plain types go through here.
 		panic(err)
 	}
 	return b
+}
+
+// NetworkInfo is one entry of GET /v1/networks: a configured pod network
+// and the state of its plugin container ("starting", "running", "failed").
+type NetworkInfo struct {
+	Name     string `json:"name"`
+	Image    string `json:"image"`
+	Default  bool   `json:"default"`
+	State    string `json:"state"`
+	Error    string `json:"error,omitempty"`
+	Restarts int    `json:"restarts,omitempty"`
 }

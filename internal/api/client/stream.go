@@ -1,14 +1,14 @@
-package api
+package client
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 
+	"kurma.dev/kurma/internal/api/wire"
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 )
 
 // StreamIO is the caller's side of an exec, attach or run stream.
@@ -19,20 +19,20 @@ type StreamIO struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	// Resize delivers terminal size changes (tty only).
-	Resize <-chan pod.TermSize
+	Resize <-chan podtypes.TermSize
 	// OnPod is called with the pod a run created, before any output.
-	OnPod func(*pod.Pod)
+	OnPod func(*podtypes.Pod)
 }
 
 // RunPod creates a pod and waits for its first app (req.Wait is forced),
 // streaming its output; it returns the pod and the app's exit code. With
 // req.Remove the daemon removes the pod before answering.
-func (c *Client) RunPod(ctx context.Context, req CreatePodRequest, sio StreamIO) (*pod.Pod, int, error) {
+func (c *Client) RunPod(ctx context.Context, req wire.CreatePodRequest, sio StreamIO) (*podtypes.Pod, int, error) {
 	req.Wait = true
 	req.Stdin = sio.Stdin != nil
-	var created *pod.Pod
+	var created *podtypes.Pod
 	onPod := sio.OnPod
-	sio.OnPod = func(p *pod.Pod) {
+	sio.OnPod = func(p *podtypes.Pod) {
 		created = p
 		if onPod != nil {
 			onPod(p)
@@ -43,47 +43,33 @@ func (c *Client) RunPod(ctx context.Context, req CreatePodRequest, sio StreamIO)
 }
 
 // Exec runs a command in an app of a pod and returns its exit code.
-func (c *Client) Exec(ctx context.Context, ref string, req ExecRequest, sio StreamIO) (int, error) {
+func (c *Client) Exec(ctx context.Context, ref string, req wire.ExecRequest, sio StreamIO) (int, error) {
 	req.Stdin = sio.Stdin != nil
 	return c.stream(ctx, podPath(ref, "/exec"), req, sio)
 }
 
 // Attach connects to an app's stdio until either side closes; it returns
 // the app's exit code when it has exited, else 0.
-func (c *Client) Attach(ctx context.Context, ref string, req AttachRequest, sio StreamIO) (int, error) {
+func (c *Client) Attach(ctx context.Context, ref string, req wire.AttachRequest, sio StreamIO) (int, error) {
 	req.Stdin = sio.Stdin != nil
 	return c.stream(ctx, podPath(ref, "/attach"), req, sio)
 }
 
 func (c *Client) stream(ctx context.Context, path string, body any, sio StreamIO) (int, error) {
-	req, err := c.newRequest(ctx, http.MethodPost, path, nil, body)
+	x, resp, err := c.call(ctx, "POST", path, nil, body, true)
 	if err != nil {
 		return 0, err
 	}
-	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", UpgradeProtocol)
-	resp, err := c.send(req)
-	if err != nil {
-		return 0, err
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		resp.Body.Close()
-		return 0, fmt.Errorf("kurmad answered %s instead of switching protocols", resp.Status)
-	}
-	rwc, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok {
-		resp.Body.Close()
-		return 0, errors.New("upgraded connection is not writable")
-	}
+	rwc := x
 	defer rwc.Close()
-	stop := context.AfterFunc(ctx, func() { _ = rwc.Close() })
-	defer stop()
-
-	fw := &frameWriter{w: rwc}
+	if resp.code != 101 {
+		return 0, fmt.Errorf("kurmad answered %s instead of switching protocols", resp.status)
+	}
+	fw := wire.NewFrameWriter(rwc)
 	if sio.Stdin != nil {
 		go func() {
-			_, _ = io.Copy(fw.stream(FrameStdin), sio.Stdin)
-			_ = fw.control(Control{Type: "stdin-close"})
+			_, _ = io.Copy(fw.Stream(wire.FrameStdin), sio.Stdin)
+			_ = fw.Control(wire.Control{Type: "stdin-close"})
 		}()
 	}
 	if sio.Resize != nil {
@@ -96,7 +82,7 @@ func (c *Client) stream(ctx context.Context, path string, body any, sio StreamIO
 					if !ok {
 						return
 					}
-					if fw.control(Control{Type: "resize", Rows: ts.Rows, Cols: ts.Cols}) != nil {
+					if fw.Control(wire.Control{Type: "resize", Rows: ts.Rows, Cols: ts.Cols}) != nil {
 						return
 					}
 				}
@@ -111,7 +97,7 @@ func (c *Client) stream(ctx context.Context, path string, body any, sio StreamIO
 		stderr = io.Discard
 	}
 	for {
-		kind, p, err := readFrame(rwc)
+		kind, p, err := wire.ReadFrame(rwc)
 		if err != nil {
 			if ctx.Err() != nil {
 				return 0, ctx.Err()
@@ -119,16 +105,16 @@ func (c *Client) stream(ctx context.Context, path string, body any, sio StreamIO
 			return 0, kerrors.New(kerrors.Unavailable, "stream closed before an exit status: %v", err)
 		}
 		switch kind {
-		case FrameStdout:
+		case wire.FrameStdout:
 			if _, err := stdout.Write(p); err != nil {
 				return 0, fmt.Errorf("write stdout: %w", err)
 			}
-		case FrameStderr:
+		case wire.FrameStderr:
 			if _, err := stderr.Write(p); err != nil {
 				return 0, fmt.Errorf("write stderr: %w", err)
 			}
-		case FrameControl:
-			ctl, err := decodeControl(p)
+		case wire.FrameControl:
+			ctl, err := wire.DecodeControl(p)
 			if err != nil {
 				return 0, err
 			}
@@ -143,7 +129,7 @@ func (c *Client) stream(ctx context.Context, path string, body any, sio StreamIO
 				if ctl.Error == nil {
 					return 0, errors.New("stream failed")
 				}
-				return 0, ctl.Error.asError()
+				return 0, ctl.Error.Err()
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"bytes"
@@ -10,22 +10,22 @@ import (
 
 func TestFrames(t *testing.T) {
 	var buf bytes.Buffer
-	fw := &frameWriter{w: &buf}
-	big := strings.Repeat("x", maxFrame+10)
-	if _, err := io.WriteString(fw.stream(FrameStdout), big); err != nil {
+	fw := &FrameWriter{w: &buf}
+	big := strings.Repeat("x", MaxFrame+10)
+	if _, err := io.WriteString(fw.Stream(FrameStdout), big); err != nil {
 		t.Fatal(err)
 	}
-	if err := fw.control(Control{Type: "exit", Code: 3}); err != nil {
+	if err := fw.Control(Control{Type: "exit", Code: 3}); err != nil {
 		t.Fatal(err)
 	}
 	var got strings.Builder
 	for {
-		kind, p, err := readFrame(&buf)
+		kind, p, err := ReadFrame(&buf)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if kind == FrameControl {
-			c, err := decodeControl(p)
+			c, err := DecodeControl(p)
 			if err != nil || c.Type != "exit" || c.Code != 3 {
 				t.Fatalf("control %+v %v", c, err)
 			}
@@ -36,14 +36,14 @@ func TestFrames(t *testing.T) {
 	if got.String() != big {
 		t.Fatalf("reassembled %d bytes, want %d", got.Len(), len(big))
 	}
-	if _, _, err := readFrame(&buf); !errors.Is(err, io.EOF) {
+	if _, _, err := ReadFrame(&buf); !errors.Is(err, io.EOF) {
 		t.Fatalf("after last frame: %v", err)
 	}
 	// A header announcing more than the limit is refused, not allocated.
-	if _, _, err := readFrame(bytes.NewReader([]byte{1, 0xff, 0xff, 0xff, 0xff})); err == nil {
+	if _, _, err := ReadFrame(bytes.NewReader([]byte{1, 0xff, 0xff, 0xff, 0xff})); err == nil {
 		t.Fatal("oversized frame accepted")
 	}
-	if _, _, err := readFrame(bytes.NewReader([]byte{1, 0, 0, 0, 9, 'a'})); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, _, err := ReadFrame(bytes.NewReader([]byte{1, 0, 0, 0, 9, 'a'})); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("truncated frame: %v", err)
 	}
 }
@@ -58,16 +58,16 @@ func FuzzReadFrame(f *testing.F) {
 		r := bytes.NewReader(data)
 		total := 0
 		for {
-			kind, p, err := readFrame(r)
+			kind, p, err := ReadFrame(r)
 			if err != nil {
 				break
 			}
-			if len(p) > maxFrame {
+			if len(p) > MaxFrame {
 				t.Fatalf("frame of %d bytes", len(p))
 			}
 			total += 5 + len(p)
 			if kind == FrameControl {
-				_, _ = decodeControl(p)
+				_, _ = DecodeControl(p)
 			}
 		}
 		if total > len(data) {

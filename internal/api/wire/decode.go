@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"kurma.dev/kurma/internal/kerrors"
-	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/internal/pod/podtypes"
 	"kurma.dev/kurma/pkg/appc"
 )
 
@@ -18,12 +18,12 @@ const MaxBodyBytes = 1 << 20
 
 // ValidPodName reports whether s may name a pod: letters, digits, '_', '.',
 // '-', starting with a letter or digit, at most 63 bytes (names become
-// directory and host names); see pod.ValidName.
-func ValidPodName(s string) bool { return pod.ValidName(s) }
+// directory and host names); see podtypes.ValidName.
+func ValidPodName(s string) bool { return podtypes.ValidName(s) }
 
-// decodeJSON reads exactly one JSON value of at most MaxBodyBytes into v,
+// DecodeJSON reads exactly one JSON value of at most MaxBodyBytes into v,
 // refusing unknown fields and trailing data. Errors are kerrors.Invalid.
-func decodeJSON(r io.Reader, v any) error {
+func DecodeJSON(r io.Reader, v any) error {
 	data, err := io.ReadAll(io.LimitReader(r, MaxBodyBytes+1))
 	if err != nil {
 		return kerrors.New(kerrors.Invalid, "read request body: %v", err)
@@ -46,7 +46,7 @@ func decodeJSON(r io.Reader, v any) error {
 // error wraps kerrors.Invalid and names the offending field.
 func DecodeCreatePodRequest(r io.Reader) (*CreatePodRequest, error) {
 	var req CreatePodRequest
-	if err := decodeJSON(r, &req); err != nil {
+	if err := DecodeJSON(r, &req); err != nil {
 		return nil, err
 	}
 	if err := ValidateSpec(&req.Spec); err != nil {
@@ -61,7 +61,7 @@ func DecodeCreatePodRequest(r io.Reader) (*CreatePodRequest, error) {
 // ValidateSpec checks what the API can check of a pod spec without the
 // image store: names, images given, environment names, volumes and mounts.
 // The pod manager checks the rest (images exist, stager trust).
-func ValidateSpec(s *pod.Spec) error {
+func ValidateSpec(s *podtypes.Spec) error {
 	inv := func(format string, args ...any) error {
 		return kerrors.New(kerrors.Invalid, format, args...)
 	}
@@ -135,13 +135,13 @@ func ValidateSpec(s *pod.Spec) error {
 	return nil
 }
 
-// errorBody renders err as the API's JSON error.
-func errorBody(err error) ErrorBody {
+// ErrorBodyOf renders err as the API's JSON error.
+func ErrorBodyOf(err error) ErrorBody {
 	return ErrorBody{Error: ErrorInfo{Type: kerrors.Type(err), Message: err.Error()}}
 }
 
-// asError turns a decoded error body back into a categorised error.
-func (e ErrorInfo) asError() error {
+// Err turns a decoded error body back into a categorised error.
+func (e ErrorInfo) Err() error {
 	if e.Message == "" {
 		e.Message = fmt.Sprintf("%s error", e.Type)
 	}

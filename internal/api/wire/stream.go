@@ -1,4 +1,4 @@
-package api
+package wire
 
 import (
 	"encoding/binary"
@@ -20,16 +20,20 @@ const (
 	FrameControl byte = 3
 )
 
-// maxFrame bounds a frame's payload; writers split larger writes.
-const maxFrame = 1 << 20
+// MaxFrame bounds a frame's payload; writers split larger writes.
+const MaxFrame = 1 << 20
 
-// frameWriter writes frames to one connection from any goroutine.
-type frameWriter struct {
+// FrameWriter writes frames to one connection from any goroutine.
+type FrameWriter struct {
 	mu sync.Mutex // guards w: one frame at a time
 	w  io.Writer
 }
 
-func (fw *frameWriter) writeFrame(kind byte, p []byte) error {
+// NewFrameWriter returns a FrameWriter on w.
+func NewFrameWriter(w io.Writer) *FrameWriter { return &FrameWriter{w: w} }
+
+// WriteFrame sends one frame of kind with payload p (at most MaxFrame).
+func (fw *FrameWriter) WriteFrame(kind byte, p []byte) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	var hdr [5]byte
@@ -41,15 +45,16 @@ func (fw *frameWriter) writeFrame(kind byte, p []byte) error {
 	return nil
 }
 
-func (fw *frameWriter) control(c Control) error {
-	return fw.writeFrame(FrameControl, mustJSON(c))
+// Control sends a control frame.
+func (fw *FrameWriter) Control(c Control) error {
+	return fw.WriteFrame(FrameControl, MustJSON(c))
 }
 
-// stream returns a writer that sends everything written as frames of kind.
-func (fw *frameWriter) stream(kind byte) io.Writer { return streamWriter{fw, kind} }
+// Stream returns a writer that sends everything written as frames of kind.
+func (fw *FrameWriter) Stream(kind byte) io.Writer { return streamWriter{fw, kind} }
 
 type streamWriter struct {
-	fw   *frameWriter
+	fw   *FrameWriter
 	kind byte
 }
 
@@ -57,10 +62,10 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
 		chunk := p
-		if len(chunk) > maxFrame {
-			chunk = chunk[:maxFrame]
+		if len(chunk) > MaxFrame {
+			chunk = chunk[:MaxFrame]
 		}
-		if err := s.fw.writeFrame(s.kind, chunk); err != nil {
+		if err := s.fw.WriteFrame(s.kind, chunk); err != nil {
 			return n, err
 		}
 		n += len(chunk)
@@ -69,15 +74,15 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// readFrame reads one frame. io.EOF means the peer closed between frames.
-func readFrame(r io.Reader) (byte, []byte, error) {
+// ReadFrame reads one frame. io.EOF means the peer closed between frames.
+func ReadFrame(r io.Reader) (byte, []byte, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > maxFrame {
-		return 0, nil, fmt.Errorf("frame of %d bytes exceeds limit %d", n, maxFrame)
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("frame of %d bytes exceeds limit %d", n, MaxFrame)
 	}
 	p := make([]byte, n)
 	if _, err := io.ReadFull(r, p); err != nil {
@@ -86,8 +91,8 @@ func readFrame(r io.Reader) (byte, []byte, error) {
 	return hdr[0], p, nil
 }
 
-// decodeControl parses a control frame's payload.
-func decodeControl(p []byte) (Control, error) {
+// DecodeControl parses a control frame's payload.
+func DecodeControl(p []byte) (Control, error) {
 	var c Control
 	if err := json.Unmarshal(p, &c); err != nil {
 		return c, fmt.Errorf("bad control frame: %w", err)

@@ -1,0 +1,9 @@
+// Package podtypes holds the pod types that cross the daemon's API: what a
+// user asks for (Spec, AppSpec), what a pod is (Pod, AppInfo, State) and
+// the terminal annotations of the stager manifest. internal/pod (the
+// runtime) re-exports them under its own name.
+//
+// It exists so that the kurma CLI can speak about pods without linking the
+// runtime: it must never import internal/pod, net/http or anything with
+// start-up cost beyond encoding/json and pkg/appc, pkg/stagerspec.
+package podtypes
