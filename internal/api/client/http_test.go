@@ -74,12 +74,7 @@ func TestReadResponse(t *testing.T) {
 // TestUpgradeKeepsBufferedFrames: bytes the daemon sends right after its
 // 101 head, which the head's reader may have buffered, reach the stream.
 func TestUpgradeKeepsBufferedFrames(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "k.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	sock, ln := listen(t)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -104,12 +99,7 @@ func TestUpgradeKeepsBufferedFrames(t *testing.T) {
 // the context ends; one that is not there is Unavailable, naming the
 // socket.
 func TestContextAndAbsentDaemon(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "k.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	sock, ln := listen(t)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -122,7 +112,7 @@ func TestContextAndAbsentDaemon(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = New(sock).Version(ctx)
+	_, err := New(sock).Version(ctx)
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Errorf("silent daemon: %v after %v", err, time.Since(start))
 	}
@@ -148,4 +138,16 @@ func FuzzReadResponse(f *testing.F) {
 			t.Fatalf("code %d, body of %d bytes from %d", resp.code, len(body), len(raw))
 		}
 	})
+}
+
+// listen makes a unix socket listener for a stand-in daemon.
+func listen(t *testing.T) (string, net.Listener) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "k.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return sock, ln
 }
