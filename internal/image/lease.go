@@ -25,14 +25,16 @@ import (
 
 // Lease marks images (IDs, refs or names) as used by holder, so that Remove
 // refuses them and everything they stand on. holder must be a plain name
-// (a pod UUID, say). Leases are persisted.
+// (a pod UUID, say). A holder's leases add up: leasing again what it holds
+// already writes nothing. Leases are persisted.
 func (s *FSStore) Lease(ctx context.Context, holder string, ids ...string) error {
 	if err := validHolder(holder); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	held := slices.Clone(s.idx.Leases[holder])
+	old, had := s.idx.Leases[holder]
+	held := slices.Clone(old)
 	for _, id := range ids {
 		r, err := s.lookupLocked(id)
 		if err != nil {
@@ -41,6 +43,9 @@ func (s *FSStore) Lease(ctx context.Context, holder string, ids ...string) error
 		if !slices.Contains(held, r.ID) {
 			held = append(held, r.ID)
 		}
+	}
+	if had && len(held) == len(old) {
+		return nil // nothing new: its file holds these already
 	}
 	if err := s.writeLease(holder, held); err != nil {
 		return err
@@ -120,8 +125,11 @@ func parseLease(b []byte) ([]string, error) {
 // loaded: leases an older index held are written out as files first). Temp
 // files of interrupted writes are removed. A lease file that cannot be
 // read is dropped with a warning: it can only be the partial write of a
-// machine crash, which ended its holder too. IDs no longer in the store
-// are left out.
+// machine crash, which ended its holder too, and the pod runtime leases a
+// kept pod's app images again when it recovers it (internal/pod/leases.go).
+// Keeping such a file as a lease of every image instead would block every
+// image removal for good if its pod's record was lost in the same crash.
+// IDs no longer in the store are left out.
 func (s *FSStore) loadLeases(ctx context.Context) (migrated bool, err error) {
 	if err := os.MkdirAll(s.leasesDir(), 0o700); err != nil {
 		return false, fmt.Errorf("create leases folder: %w", err)
