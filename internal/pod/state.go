@@ -260,6 +260,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 			continue
 		}
 		e := &entry{rec: *rec, exited: make(chan struct{}), pidfd: -1}
+		r.leaseKept(ctx, rec)
 		switch rec.Pod.State {
 		case Exited, Errored:
 			close(e.exited)
