@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	capi "kurma.dev/kurma/pkg/controllerapi"
 )

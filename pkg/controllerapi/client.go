@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // ErrCompacted is returned (wrapped) by a watch whose since revision the

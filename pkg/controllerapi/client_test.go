@@ -7,8 +7,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestNewValidatesURL(t *testing.T) {

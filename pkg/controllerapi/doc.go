@@ -13,5 +13,5 @@
 // beyond its http.Client.
 //
 // This package must not import any Kurma package other than
-// internal/kerrors.
+// pkg/kerrors.
 package controllerapi

@@ -68,10 +68,13 @@ type Subnet struct {
 	GatewayIP       string           `json:"gateway_ip,omitempty"` // default: first host address
 	AllocationPools []AllocationPool `json:"allocation_pools,omitempty"`
 	DNSNameservers  []string         `json:"dns_nameservers,omitempty"`
-	VNI             uint32           `json:"vni,omitempty"` // the VPC's, in responses
-	RevisionNumber  int64            `json:"revision_number,omitempty"`
-	CreatedAt       time.Time        `json:"created_at,omitzero"`
-	UpdatedAt       time.Time        `json:"updated_at,omitzero"`
+	// Purpose is "" for a subnet of ports (which may hold load balancer
+	// VIPs too) or "service" for a subnet of VIPs only (SubnetPurposeService).
+	Purpose        string    `json:"purpose,omitempty"`
+	VNI            uint32    `json:"vni,omitempty"` // the VPC's, in responses
+	RevisionNumber int64     `json:"revision_number,omitempty"`
+	CreatedAt      time.Time `json:"created_at,omitzero"`
+	UpdatedAt      time.Time `json:"updated_at,omitzero"`
 }
 
 // FixedIP is one address of a port. In requests only SubnetID and
@@ -150,12 +153,16 @@ type PortStatusUpdate struct {
 }
 
 // Event is one line of a watch stream. Port is set on port watches, Host on
-// host watches; SYNCED events carry neither.
+// host watches, LoadBalancer or FloatingIP on load balancer watches
+// (WatchLoadBalancers); SYNCED events carry none. A DELETED event carries
+// the object as it was last stored.
 type Event struct {
-	Type     string `json:"type"`
-	Revision int64  `json:"revision"`
-	Port     *Port  `json:"port,omitempty"`
-	Host     *Host  `json:"host,omitempty"`
+	Type         string        `json:"type"`
+	Revision     int64         `json:"revision"`
+	Port         *Port         `json:"port,omitempty"`
+	Host         *Host         `json:"host,omitempty"`
+	LoadBalancer *LoadBalancer `json:"loadbalancer,omitempty"`
+	FloatingIP   *FloatingIP   `json:"floatingip,omitempty"`
 }
 
 // Request and response envelopes.

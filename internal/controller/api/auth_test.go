@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestAuth(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 	"github.com/google/uuid"
 
 	"kurma.dev/kurma/internal/controller/ipam"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // maxBody bounds request bodies (a bulk of a few thousand ports fits).

@@ -6,8 +6,8 @@ import (
 	"net/netip"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // DecodeHost parses a PUT hosts/<id> body for host id.

@@ -10,8 +10,8 @@ import (
 
 	"kurma.dev/kurma/internal/controller/ipam"
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // storedSubnet is a subnet as persisted; Deleting is set by the first step

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Store keys. Ids are validated (validID) before they become key segments.

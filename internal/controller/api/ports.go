@@ -12,8 +12,8 @@ import (
 
 	"kurma.dev/kurma/internal/controller/ipam"
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func decodePort(kv store.KV) (capi.Port, error) {

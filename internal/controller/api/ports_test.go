@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // The two bodies spec 003 shows, verbatim apart from placeholders.

@@ -7,8 +7,8 @@ import (
 
 	"kurma.dev/kurma/internal/controller/ipam"
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Preload builds n ports in subnet sid of project pid exactly as the API

@@ -6,8 +6,8 @@ import (
 	"net/http"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {

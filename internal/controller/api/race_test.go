@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // TestSubnetDeleteRacesPortCreate: creating ports while the subnet is being

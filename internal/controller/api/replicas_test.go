@@ -11,9 +11,9 @@ import (
 	"kurma.dev/kurma/internal/controller/store"
 	"kurma.dev/kurma/internal/controller/store/boltstore"
 	"kurma.dev/kurma/internal/controller/store/etcdstore"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestRestartKeepsState(t *testing.T) {

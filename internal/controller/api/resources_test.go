@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestProjectVPCSubnetLifecycle(t *testing.T) {

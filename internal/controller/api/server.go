@@ -17,8 +17,8 @@ import (
 
 	"kurma.dev/kurma/internal/controller/ipam"
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Config configures a Server.

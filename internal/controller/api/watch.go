@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // keepAlive is how often an idle watch stream gets an empty line.

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/controller/ipam"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestNewSubnet(t *testing.T) {

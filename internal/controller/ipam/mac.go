@@ -6,7 +6,7 @@ import (
 	"net"
 	"sync/atomic"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // RandomMAC returns a random locally administered unicast MAC address.

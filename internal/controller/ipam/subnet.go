@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"sort"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const (

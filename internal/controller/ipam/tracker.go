@@ -4,7 +4,7 @@ import (
 	"math/bits"
 	"sync"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Tracker proposes free addresses of one subnet from a cache of its block

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // KV is one stored key with the revision of its last modification.

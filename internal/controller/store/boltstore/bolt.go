@@ -17,7 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 var (

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // hub keeps recent events in memory and wakes watchers. Watchers pull: each

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Options configure a Store.

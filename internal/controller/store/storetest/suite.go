@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/controller/store"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Opener returns two handles onto one fresh, empty store (the same value

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestCategories(t *testing.T) {
