@@ -22,9 +22,9 @@ import (
 	"testing"
 	"time"
 
-	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // start runs the binary and returns its listen address from the
