@@ -310,8 +310,7 @@ func checkDelGoneNetNS(t *testing.T, e *Env) {
 	}
 	m = append(m, markers(t, res)...)
 	// The container dies: its netns goes away before DEL.
-	removeNetNS(t, c.NetNS)
-	c.NetNS = nil
+	e.removeNetNS(t, c)
 	for i := range 2 {
 		if err := e.Del(c); err != nil {
 			t.Fatalf("DEL #%d with empty netns: %v", i+1, err)
