@@ -1,0 +1,762 @@
+package lbpath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	mnl "github.com/mdlayher/netlink"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
+
+	"kurma.dev/kurma/internal/kerrors"
+)
+
+// Config configures a Path.
+type Config struct {
+	// HostNS is the path of the network namespace that plays the host;
+	// empty means the namespace the process runs in.
+	HostNS string
+	// Table names our inet table; default "kurma-lb".
+	Table string
+	// ExtIface is the interface toward the external network; empty
+	// disables floating IPs.
+	ExtIface string
+	// AcceptMark, when non-zero, is ORed into the packet mark of flows the
+	// VPC isolation must let through: DNATed or SNATed connections, and a
+	// FIP port's egress to ExtIface.
+	AcceptMark uint32
+	// RouteProtocol tags the local routes that make the host answer ARP
+	// for its FIPs on ExtIface; default 76.
+	RouteProtocol int
+	Logger        *slog.Logger
+}
+
+// Path programs load balancers and floating IPs. It is safe for
+// concurrent use; transactions are serialised by mu.
+type Path struct {
+	cfg    Config
+	log    *slog.Logger
+	nsf    *os.File            // the host namespace, kept open for conn
+	nft    knftables.Interface // skeleton and pick chains, through nft -f
+	conn   *nftables.Conn      // elements, through netlink
+	nlh    *netlink.Handle     // FIP routes
+	tbl    *nftables.Table
+	sets   [numSets]*nftables.Set
+	affSet *nftables.Set
+
+	mu        sync.Mutex // guards everything below
+	lbs       map[string]*LB
+	fips      map[string]*FIP
+	fipsOfLB  map[string]map[string]bool // lb id -> ids of its FIPs
+	owned     map[string][]contrib       // "lb:"/"fip:" + id -> what it contributes
+	want      map[elem]*wantVal
+	have      map[elem]string // mirror of the kernel
+	pending   map[elem]bool   // keys whose kernel state may differ from want
+	chains    map[string]bool // pick chains that exist in the kernel
+	chainRefs map[string]int  // pick chain -> services elements that want it
+	routes    map[netip.Addr]bool
+	// affPurge holds the frontends (vip . proto . port, as in the
+	// affinity map's key) whose affinity entries must go: their load
+	// balancer was deleted or its members changed.
+	affPurge map[string]bool
+}
+
+type contrib struct {
+	e   elem
+	val string
+}
+
+type wantVal struct {
+	val  string
+	refs int
+}
+
+// New opens the host namespace and writes the table skeleton (table,
+// sets, base chains). Existing elements are kept until Sync.
+func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
+	if cfg.Table == "" {
+		cfg.Table = "kurma-lb"
+	}
+	if cfg.RouteProtocol == 0 {
+		cfg.RouteProtocol = 76
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p := &Path{cfg: cfg, log: cfg.Logger,
+		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
+		owned: map[string][]contrib{}, want: map[elem]*wantVal{}, have: map[elem]string{},
+		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
+		routes: map[netip.Addr]bool{}, affPurge: map[string]bool{}}
+	nsPath := cfg.HostNS
+	if nsPath == "" {
+		nsPath = "/proc/self/ns/net"
+	}
+	f, err := os.Open(nsPath)
+	if err != nil {
+		return nil, kerrors.New(kerrors.NotFound, "lbpath: host netns %s: %v", nsPath, err)
+	}
+	p.nsf = f
+	defer func() {
+		if retErr != nil {
+			p.Close()
+		}
+	}()
+	p.conn, err = nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: nftables netlink: %w", err)
+	}
+	nsh, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: %w", err)
+	}
+	p.nlh, err = netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
+	_ = nsh.Close()
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: netlink handle: %w", err)
+	}
+	err = p.inHost(func() error {
+		var err error
+		p.nft, err = knftables.New(knftables.InetFamily, cfg.Table)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: nftables: %w", err)
+	}
+	p.tbl = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}
+	for i, d := range setDefs {
+		p.sets[i] = &nftables.Set{Table: p.tbl, Name: d.name, IsMap: d.isMap}
+	}
+	p.affSet = &nftables.Set{Table: p.tbl, Name: "affinity", IsMap: true, HasTimeout: true}
+	if err := p.writeSkeleton(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Close releases the handles; the kernel state stays.
+func (p *Path) Close() error {
+	if p.conn != nil {
+		_ = p.conn.CloseLasting()
+	}
+	if p.nlh != nil {
+		p.nlh.Close()
+	}
+	if p.nsf != nil {
+		_ = p.nsf.Close()
+	}
+	return nil
+}
+
+// Table is the name of the nft table this Path owns.
+func (p *Path) Table() string { return p.cfg.Table }
+
+func (p *Path) inHost(f func() error) error {
+	if p.cfg.HostNS == "" {
+		return f()
+	}
+	return ns.WithNetNSPath(p.cfg.HostNS, func(ns.NetNS) error { return f() })
+}
+
+func (p *Path) runNft(ctx context.Context, tx *knftables.Transaction) error {
+	return p.inHost(func() error { return p.nft.Run(ctx, tx) })
+}
+
+// writeSkeleton adds the table, its sets and base chains, and rewrites
+// the base chains' rules. Adding what exists changes nothing, so this is
+// safe on a table a previous run left.
+func (p *Path) writeSkeleton(ctx context.Context) error {
+	tx := p.nft.NewTransaction()
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("kurma-agent: load balancers and floating IPs")})
+	for _, d := range setDefs {
+		if d.isMap {
+			tx.Add(&knftables.Map{Name: d.name, TypeOf: strings.TrimPrefix(d.decl, "typeof ")})
+		} else {
+			tx.Add(&knftables.Set{Name: d.name, TypeOf: strings.TrimPrefix(d.decl, "typeof ")})
+		}
+	}
+	tx.Add(&knftables.Map{Name: "affinity", TypeOf: "ip saddr . ip daddr . meta l4proto . th dport : meta mark",
+		Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Size: knftables.PtrTo[uint64](1 << 20),
+		Timeout: knftables.PtrTo(3 * time.Hour)})
+	tx.Add(&knftables.Chain{Name: emptyChain, Comment: knftables.PtrTo("load balancers without members")})
+	tx.Flush(&knftables.Chain{Name: emptyChain})
+	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "meta l4proto tcp reject with tcp reset"})
+	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "reject"})
+
+	base := func(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority, rules ...string) {
+		tx.Add(&knftables.Chain{Name: name, Type: &typ, Hook: &hook, Priority: &prio})
+		tx.Flush(&knftables.Chain{Name: name})
+		for _, r := range rules {
+			tx.Add(&knftables.Rule{Chain: name, Rule: r})
+		}
+	}
+	ext := strconv.Quote(p.cfg.ExtIface)
+	svcTuple := "iifname . ip daddr . meta l4proto . th dport"
+	base("select-member", knftables.FilterType, knftables.PreroutingHook, "dstnat - 10",
+		"ct state new "+svcTuple+" vmap @"+setDefs[setSvc].name)
+	dnat := []string{"dnat ip to " + svcTuple + " . meta mark map @" + setDefs[setBackend].name}
+	snat := []string{"ct status dnat ip saddr . ip daddr @" + setDefs[setHairpin].name + " masquerade"}
+	var fwd, input []string
+	if p.cfg.AcceptMark != 0 {
+		m := fmt.Sprintf("meta mark set meta mark | 0x%x", p.cfg.AcceptMark)
+		fwd = append(fwd, "ct status dnat "+m, "ct status snat "+m)
+	}
+	if p.cfg.ExtIface != "" {
+		dnat = append(dnat, "iifname "+ext+" dnat ip to ip daddr map @"+setDefs[setFIPDNAT].name)
+		snat = append(snat, "oifname "+ext+" snat ip to ip saddr map @"+setDefs[setFIPSNAT].name)
+		if p.cfg.AcceptMark != 0 {
+			fwd = append(fwd, fmt.Sprintf("oifname %s ip saddr @%s meta mark set meta mark | 0x%x", ext, setDefs[setFIPPorts].name, p.cfg.AcceptMark))
+		}
+		input = append(input, "ip daddr @"+setDefs[setFIPAddrs].name+" reject")
+	}
+	base("nat-pre", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, dnat...)
+	base("nat-post", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, snat...)
+	base("filter-fwd", knftables.FilterType, knftables.ForwardHook, "filter - 10", fwd...)
+	base("filter-in", knftables.FilterType, knftables.InputHook, knftables.FilterPriority, input...)
+	if err := p.runNft(ctx, tx); err != nil {
+		return fmt.Errorf("lbpath: write table %s: %w", p.cfg.Table, err)
+	}
+	return nil
+}
+
+// Apply makes the changes live in one nft transaction that touches only
+// the elements they change.
+func (p *Path) Apply(ctx context.Context, ch Changes) error {
+	for i := range ch.LBs {
+		if err := ch.LBs[i].Validate(); err != nil {
+			return err
+		}
+	}
+	for i := range ch.FIPs {
+		if err := ch.FIPs[i].Validate(); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	touched := map[string]bool{}
+	for i := range ch.LBs {
+		l := cloneLB(&ch.LBs[i])
+		if old, ok := p.lbs[l.ID]; ok && old.Affinity > 0 && (l.Affinity == 0 || !slices.Equal(old.Members, l.Members)) {
+			p.purgeAffinity(old)
+		}
+		p.lbs[l.ID] = l
+		touched[l.ID] = true
+	}
+	for _, id := range ch.DeleteLBs {
+		if old, ok := p.lbs[id]; ok && old.Affinity > 0 {
+			p.purgeAffinity(old)
+		}
+		delete(p.lbs, id)
+		touched[id] = true
+	}
+	for i := range ch.FIPs {
+		f := ch.FIPs[i]
+		p.setFIP(&f, touched)
+	}
+	for _, id := range ch.DeleteFIP {
+		p.setFIP(&FIP{ID: id}, touched)
+		delete(p.fips, id)
+		p.setContrib("fip:"+id, nil)
+	}
+	for id := range touched {
+		p.refreshLB(id)
+	}
+	return p.commit(ctx)
+}
+
+// purgeAffinity queues the affinity entries of l's frontends for removal.
+func (p *Path) purgeAffinity(l *LB) {
+	for _, f := range p.frontends(l) {
+		for _, ls := range l.Listeners {
+			p.affPurge[string(putPort(putProto(putAddr(nil, f.addr), ls.Proto), ls.Port))] = true
+		}
+	}
+}
+
+// setFIP records f (an empty Addr: removal) and its own contributions,
+// marking the load balancers whose frontends it changes.
+func (p *Path) setFIP(f *FIP, touched map[string]bool) {
+	if old, ok := p.fips[f.ID]; ok && old.LBID != "" {
+		delete(p.fipsOfLB[old.LBID], f.ID)
+		touched[old.LBID] = true
+	}
+	if !f.Addr.IsValid() {
+		return
+	}
+	p.fips[f.ID] = f
+	if f.LBID != "" {
+		if p.fipsOfLB[f.LBID] == nil {
+			p.fipsOfLB[f.LBID] = map[string]bool{}
+		}
+		p.fipsOfLB[f.LBID][f.ID] = true
+		touched[f.LBID] = true
+	}
+	var cs []contrib
+	if p.cfg.ExtIface != "" {
+		fipElems(f, func(e elem, v string) { cs = append(cs, contrib{e, v}) })
+	}
+	p.setContrib("fip:"+f.ID, cs)
+}
+
+func (p *Path) refreshLB(id string) {
+	l, ok := p.lbs[id]
+	if !ok {
+		p.setContrib("lb:"+id, nil)
+		return
+	}
+	var cs []contrib
+	lbElems(l, p.frontends(l), func(e elem, v string) { cs = append(cs, contrib{e, v}) })
+	p.setContrib("lb:"+id, cs)
+}
+
+// frontends are the addresses l answers on: its VIP on its interface and
+// its FIPs on the external one.
+func (p *Path) frontends(l *LB) []frontend {
+	fronts := []frontend{{l.Iface, l.VIP}}
+	if p.cfg.ExtIface != "" {
+		ids := make([]string, 0, len(p.fipsOfLB[l.ID]))
+		for fid := range p.fipsOfLB[l.ID] {
+			ids = append(ids, fid)
+		}
+		slices.Sort(ids)
+		for _, fid := range ids {
+			fronts = append(fronts, frontend{p.cfg.ExtIface, p.fips[fid].Addr})
+		}
+	}
+	return fronts
+}
+
+// setContrib replaces what owner contributes to the wanted elements.
+func (p *Path) setContrib(owner string, cs []contrib) {
+	for _, c := range p.owned[owner] {
+		w := p.want[c.e]
+		if w == nil {
+			continue
+		}
+		w.refs--
+		if w.refs <= 0 {
+			delete(p.want, c.e)
+			p.chainRef(c.e, w.val, -1)
+		}
+		p.pending[c.e] = true
+	}
+	for _, c := range cs {
+		w := p.want[c.e]
+		switch {
+		case w == nil:
+			p.want[c.e] = &wantVal{val: c.val, refs: 1}
+			p.chainRef(c.e, c.val, 1)
+		case w.val != c.val:
+			// Two owners disagree (e.g. the same VIP and port twice): the
+			// later one wins.
+			p.chainRef(c.e, w.val, -1)
+			p.chainRef(c.e, c.val, 1)
+			w.val = c.val
+			w.refs++
+		default:
+			w.refs++
+		}
+		p.pending[c.e] = true
+	}
+	if len(cs) == 0 {
+		delete(p.owned, owner)
+	} else {
+		p.owned[owner] = cs
+	}
+}
+
+func (p *Path) chainRef(e elem, val string, d int) {
+	if e.set != setSvc || val == emptyChain {
+		return
+	}
+	p.chainRefs[val] += d
+	if p.chainRefs[val] <= 0 {
+		delete(p.chainRefs, val)
+	}
+}
+
+// commit brings every pending element to its wanted state: missing pick
+// chains first (nft -f), then one netlink transaction of element
+// deletions and additions, then FIP routes, then unused pick chains.
+func (p *Path) commit(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("lbpath: %w", err)
+	}
+	var missing []string
+	for c := range p.chainRefs {
+		if !p.chains[c] {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		tx := p.nft.NewTransaction()
+		for _, c := range missing {
+			if err := addPickChain(tx, c); err != nil {
+				return err
+			}
+		}
+		if err := p.runNft(ctx, tx); err != nil {
+			return fmt.Errorf("lbpath: add chains %v: %w", missing, err)
+		}
+		for _, c := range missing {
+			p.chains[c] = true
+		}
+	}
+
+	var dels, adds [numSets][]nftables.SetElement
+	type change struct {
+		e   elem
+		val string
+		del bool
+	}
+	var applied []change
+	for e := range p.pending {
+		w, wok := p.want[e]
+		h, hok := p.have[e]
+		if hok && (!wok || w.val != h) {
+			dels[e.set] = append(dels[e.set], nftables.SetElement{Key: []byte(e.key)})
+			applied = append(applied, change{e: e, del: true})
+		}
+		if wok && (!hok || w.val != h) {
+			adds[e.set] = append(adds[e.set], p.element(e, w.val))
+			applied = append(applied, change{e: e, val: w.val})
+		}
+	}
+	if len(applied) > 0 {
+		for s := range numSets {
+			for c := range slices.Chunk(dels[s], 1024) {
+				if err := p.conn.SetDeleteElements(p.sets[s], c); err != nil {
+					return fmt.Errorf("lbpath: %w", err)
+				}
+			}
+		}
+		for s := range numSets {
+			for c := range slices.Chunk(adds[s], 1024) {
+				if err := p.conn.SetAddElements(p.sets[s], c); err != nil {
+					return fmt.Errorf("lbpath: %w", err)
+				}
+			}
+		}
+		if err := p.conn.Flush(); err != nil {
+			return fmt.Errorf("lbpath: nft transaction of %d changes: %w", len(applied), err)
+		}
+		for _, c := range applied {
+			if c.del {
+				delete(p.have, c.e)
+			} else {
+				p.have[c.e] = c.val
+			}
+		}
+	}
+	clear(p.pending)
+	if len(p.affPurge) > 0 {
+		if err := p.purge(func(tail string) bool { return p.affPurge[tail] }); err != nil {
+			return err
+		}
+		clear(p.affPurge)
+	}
+	if err := p.syncRoutes(); err != nil {
+		return err
+	}
+	var unused []string
+	for c := range p.chains {
+		if p.chainRefs[c] == 0 {
+			unused = append(unused, c)
+		}
+	}
+	if len(unused) > 0 {
+		tx := p.nft.NewTransaction()
+		for _, c := range unused {
+			tx.Delete(&knftables.Chain{Name: c})
+		}
+		if err := p.runNft(ctx, tx); err != nil {
+			return fmt.Errorf("lbpath: delete chains %v: %w", unused, err)
+		}
+		for _, c := range unused {
+			delete(p.chains, c)
+		}
+	}
+	return nil
+}
+
+func (p *Path) element(e elem, val string) nftables.SetElement {
+	el := nftables.SetElement{Key: []byte(e.key)}
+	switch {
+	case setDefs[e.set].vmap:
+		el.VerdictData = &expr.Verdict{Kind: expr.VerdictGoto, Chain: val}
+	case setDefs[e.set].isMap:
+		el.Val = []byte(val)
+	}
+	return el
+}
+
+// purge deletes the affinity entries whose frontend (the key's last 12
+// bytes: vip . proto . port) drop selects, in one transaction.
+func (p *Path) purge(drop func(tail string) bool) error {
+	els, err := p.conn.GetSetElements(p.affSet)
+	if err != nil {
+		return fmt.Errorf("lbpath: list affinity: %w", err)
+	}
+	var del []nftables.SetElement
+	for _, el := range els {
+		if len(el.Key) == 16 && drop(string(el.Key[4:])) {
+			del = append(del, nftables.SetElement{Key: el.Key})
+		}
+	}
+	if len(del) == 0 {
+		return nil
+	}
+	for c := range slices.Chunk(del, 1024) {
+		if err := p.conn.SetDeleteElements(p.affSet, c); err != nil {
+			return fmt.Errorf("lbpath: %w", err)
+		}
+	}
+	if err := p.conn.Flush(); err != nil {
+		return fmt.Errorf("lbpath: purge %d affinity entries: %w", len(del), err)
+	}
+	return nil
+}
+
+// addPickChain adds (or rewrites) a shared chain that sets the packet
+// mark to the index of one of n members: at random, or with affinity the
+// one the client was sent to before.
+func addPickChain(tx *knftables.Transaction, name string) error {
+	rest, ok := strings.CutPrefix(name, "pick-")
+	if !ok {
+		return fmt.Errorf("lbpath: not a pick chain: %q", name)
+	}
+	nStr, affStr, aff := strings.Cut(rest, "-aff-")
+	n, err := strconv.Atoi(nStr)
+	if err != nil || n < 1 || n > MaxMembers {
+		return fmt.Errorf("lbpath: bad pick chain %q", name)
+	}
+	tx.Add(&knftables.Chain{Name: name})
+	tx.Flush(&knftables.Chain{Name: name})
+	pick := fmt.Sprintf("meta mark set numgen random mod %d", n)
+	if aff {
+		secs, err := strconv.Atoi(affStr)
+		if err != nil || secs < 1 {
+			return fmt.Errorf("lbpath: bad pick chain %q", name)
+		}
+		key := "ip saddr . ip daddr . meta l4proto . th dport"
+		tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("meta mark set %s map @affinity meta mark < %d accept", key, n)})
+		tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s update @affinity { %s timeout %ds : meta mark } accept", pick, key, secs)})
+		return nil
+	}
+	tx.Add(&knftables.Rule{Chain: name, Rule: pick + " accept"})
+	return nil
+}
+
+// syncRoutes makes the local routes on ExtIface exactly the wanted FIPs,
+// so the host answers ARP for them there and for nothing else.
+func (p *Path) syncRoutes() error {
+	want := map[netip.Addr]bool{}
+	for e := range p.want {
+		if e.set == setFIPAddrs {
+			want[netip.AddrFrom4([4]byte([]byte(e.key)))] = true
+		}
+	}
+	if len(want) == 0 && len(p.routes) == 0 {
+		return nil
+	}
+	link, err := p.nlh.LinkByName(p.cfg.ExtIface)
+	if err != nil {
+		return kerrors.New(kerrors.NotFound, "lbpath: external interface %s: %v", p.cfg.ExtIface, err)
+	}
+	var errs []error
+	for a := range p.routes {
+		if !want[a] {
+			if err := p.nlh.RouteDel(p.fipRoute(a, link.Attrs().Index)); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("delete route %v: %w", a, err))
+				continue
+			}
+			delete(p.routes, a)
+		}
+	}
+	for a := range want {
+		if !p.routes[a] {
+			if err := p.nlh.RouteReplace(p.fipRoute(a, link.Attrs().Index)); err != nil {
+				errs = append(errs, fmt.Errorf("add route %v: %w", a, err))
+				continue
+			}
+			p.routes[a] = true
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("lbpath: fip routes: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+func (p *Path) fipRoute(a netip.Addr, ix int) *netlink.Route {
+	return &netlink.Route{LinkIndex: ix, Dst: netlinkHost(a), Table: unix.RT_TABLE_LOCAL,
+		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Protocol: netlink.RouteProtocol(p.cfg.RouteProtocol)}
+}
+
+// Sync makes the kernel match s exactly: it reads back every element,
+// route and pick chain, adds what is missing and removes what is stale.
+// Call it at start and after a failed Apply.
+func (p *Path) Sync(ctx context.Context, s State) error {
+	for i := range s.LBs {
+		if err := s.LBs[i].Validate(); err != nil {
+			return err
+		}
+	}
+	for i := range s.FIPs {
+		if err := s.FIPs[i].Validate(); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lbs, p.fips, p.fipsOfLB = map[string]*LB{}, map[string]*FIP{}, map[string]map[string]bool{}
+	p.owned, p.want, p.chainRefs = map[string][]contrib{}, map[elem]*wantVal{}, map[string]int{}
+	touched := map[string]bool{}
+	for i := range s.LBs {
+		l := cloneLB(&s.LBs[i])
+		p.lbs[l.ID] = l
+		touched[l.ID] = true
+	}
+	for i := range s.FIPs {
+		f := s.FIPs[i]
+		p.setFIP(&f, touched)
+	}
+	for id := range touched {
+		p.refreshLB(id)
+	}
+	if err := p.readKernel(ctx); err != nil {
+		return err
+	}
+	for e := range p.have {
+		p.pending[e] = true
+	}
+	for e := range p.want {
+		p.pending[e] = true
+	}
+	if err := p.commit(ctx); err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, l := range p.lbs {
+		if l.Affinity == 0 {
+			continue
+		}
+		for _, f := range p.frontends(l) {
+			for _, ls := range l.Listeners {
+				keep[string(putPort(putProto(putAddr(nil, f.addr), ls.Proto), ls.Port))] = true
+			}
+		}
+	}
+	return p.purge(func(tail string) bool { return !keep[tail] })
+}
+
+// readKernel refreshes the mirror of elements, pick chains and routes.
+func (p *Path) readKernel(ctx context.Context) error {
+	have := map[elem]string{}
+	for s := range numSets {
+		els, err := p.conn.GetSetElements(p.sets[s])
+		if err != nil {
+			return fmt.Errorf("lbpath: list %s: %w", setDefs[s].name, err)
+		}
+		for _, el := range els {
+			val := string(el.Val)
+			if setDefs[s].vmap {
+				val = verdictChain(el.Val)
+			}
+			have[elem{uint8(s), string(el.Key)}] = val
+		}
+	}
+	p.have = have
+	var names []string
+	err := p.inHost(func() error {
+		var err error
+		names, err = p.nft.List(ctx, "chains")
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("lbpath: list chains: %w", err)
+	}
+	p.chains = map[string]bool{}
+	for _, n := range names {
+		if strings.HasPrefix(n, "pick-") {
+			p.chains[n] = true
+		}
+	}
+	p.routes = map[netip.Addr]bool{}
+	rs, err := p.listRoutes()
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if a, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
+			p.routes[a] = true
+		}
+	}
+	return nil
+}
+
+// listRoutes returns our FIP routes (by protocol tag), retrying a dump
+// the kernel interrupted.
+func (p *Path) listRoutes() ([]netlink.Route, error) {
+	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, Protocol: netlink.RouteProtocol(p.cfg.RouteProtocol)}
+	for range 5 {
+		rs, err := p.nlh.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		if errors.Is(err, netlink.ErrDumpInterrupted) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lbpath: list routes: %w", err)
+		}
+		return rs, nil
+	}
+	return nil, fmt.Errorf("lbpath: list routes: %w", netlink.ErrDumpInterrupted)
+}
+
+// verdictChain returns the chain a vmap element's verdict names.
+func verdictChain(b []byte) string {
+	ad, err := mnl.NewAttributeDecoder(b)
+	if err != nil {
+		return ""
+	}
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_VERDICT_CHAIN {
+			return strings.TrimRight(string(ad.Bytes()), "\x00")
+		}
+	}
+	return ""
+}
+
+func cloneLB(l *LB) *LB {
+	c := *l
+	c.Listeners = slices.Clone(l.Listeners)
+	c.Members = slices.Clone(l.Members)
+	return &c
+}
+
+// Counts reports how many elements the kernel holds per set and how many
+// pick chains exist, as last read or written.
+func (p *Path) Counts() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{"chains": len(p.chains), "routes": len(p.routes)}
+	for e := range p.have {
+		out[setDefs[e.set].name]++
+	}
+	return out
+}

@@ -1,0 +1,130 @@
+package lbpath
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"kurma.dev/kurma/internal/kerrors"
+)
+
+// Protocol numbers the datapath matches on (meta l4proto).
+const (
+	TCP  uint8 = 6
+	UDP  uint8 = 17
+	SCTP uint8 = 132
+)
+
+// MaxMembers bounds the members of one load balancer: the member index
+// travels in the packet mark and picks one of MaxMembers shared chains.
+const MaxMembers = 1024
+
+// LB is one load balancer as the datapath programs it.
+type LB struct {
+	ID string
+	// Iface is the interface its clients' packets arrive on: the bridge of
+	// the VPC the VIP belongs to. The VIP answers only there.
+	Iface     string
+	VIP       netip.Addr // IPv4
+	Listeners []Listener
+	Members   []Member
+	// Affinity, when non-zero, pins a client address to the member it was
+	// first sent to, for this long after its last new connection.
+	Affinity time.Duration
+}
+
+// Listener is one protocol and port the VIP serves.
+type Listener struct {
+	Proto      uint8  // TCP, UDP or SCTP
+	Port       uint16 // the VIP's port
+	TargetPort uint16 // the members' port, unless a member names its own; 0: Port
+}
+
+// Member is one backend of a load balancer.
+type Member struct {
+	Addr netip.Addr // IPv4
+	Port uint16     // 0: the listener's target port
+}
+
+// FIP is a floating IP: an address on the external network that stands
+// for a port (PortAddr) or for a load balancer's VIP (LBID). With neither,
+// it is allocated but programs nothing.
+type FIP struct {
+	ID       string
+	Addr     netip.Addr // IPv4, answered on the external interface
+	PortAddr netip.Addr // DNAT target and the source its egress is SNATed from
+	LBID     string
+}
+
+// State is the whole desired state of the datapath.
+type State struct {
+	LBs  []LB
+	FIPs []FIP
+}
+
+// Changes is an incremental update: objects to create or replace, and ids
+// to remove. An id in both lists is removed.
+type Changes struct {
+	LBs       []LB
+	DeleteLBs []string
+	FIPs      []FIP
+	DeleteFIP []string
+}
+
+// Validate checks an LB.
+func (l LB) Validate() error {
+	if l.ID == "" {
+		return kerrors.New(kerrors.Invalid, "lb: empty id")
+	}
+	if l.Iface == "" || len(l.Iface) > 15 {
+		return kerrors.New(kerrors.Invalid, "lb %s: iface %q: want 1 to 15 bytes", l.ID, l.Iface)
+	}
+	if !l.VIP.Is4() {
+		return kerrors.New(kerrors.Invalid, "lb %s: vip %v: want an IPv4 address", l.ID, l.VIP)
+	}
+	if len(l.Members) > MaxMembers {
+		return kerrors.New(kerrors.Invalid, "lb %s: %d members, at most %d", l.ID, len(l.Members), MaxMembers)
+	}
+	if l.Affinity < 0 || l.Affinity > 7*24*time.Hour {
+		return kerrors.New(kerrors.Invalid, "lb %s: affinity %v out of range", l.ID, l.Affinity)
+	}
+	seen := map[[2]uint16]bool{}
+	for _, ls := range l.Listeners {
+		if ls.Proto != TCP && ls.Proto != UDP && ls.Proto != SCTP {
+			return kerrors.New(kerrors.Invalid, "lb %s: listener protocol %d", l.ID, ls.Proto)
+		}
+		if ls.Port == 0 {
+			return kerrors.New(kerrors.Invalid, "lb %s: listener port 0", l.ID)
+		}
+		k := [2]uint16{uint16(ls.Proto), ls.Port}
+		if seen[k] {
+			return kerrors.New(kerrors.Invalid, "lb %s: duplicate listener %d/%d", l.ID, ls.Proto, ls.Port)
+		}
+		seen[k] = true
+	}
+	for _, m := range l.Members {
+		if !m.Addr.Is4() {
+			return kerrors.New(kerrors.Invalid, "lb %s: member %v: want an IPv4 address", l.ID, m.Addr)
+		}
+	}
+	return nil
+}
+
+// Validate checks a FIP.
+func (f FIP) Validate() error {
+	if f.ID == "" {
+		return kerrors.New(kerrors.Invalid, "fip: empty id")
+	}
+	if !f.Addr.Is4() {
+		return kerrors.New(kerrors.Invalid, "fip %s: address %v: want IPv4", f.ID, f.Addr)
+	}
+	if f.PortAddr.IsValid() && !f.PortAddr.Is4() {
+		return kerrors.New(kerrors.Invalid, "fip %s: port address %v: want IPv4", f.ID, f.PortAddr)
+	}
+	if f.PortAddr.IsValid() && f.LBID != "" {
+		return kerrors.New(kerrors.Invalid, "fip %s: associated with both a port and a load balancer", f.ID)
+	}
+	return nil
+}
+
+func (f FIP) String() string { return fmt.Sprintf("fip %s (%v)", f.ID, f.Addr) }
