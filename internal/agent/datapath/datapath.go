@@ -107,6 +107,10 @@ type Config struct {
 	MTU int
 	// NFTTable names our inet table; default "kurma-agent".
 	NFTTable string
+	// AcceptMark, when non-zero, lets packets whose mark has these bits
+	// cross VPC isolation (the load balancer datapath sets them on its
+	// NATed flows; use the same value there).
+	AcceptMark uint32
 	// Forwarding turns on IPv4/IPv6 forwarding in the host namespace (for
 	// routing between the subnets of one VPC).
 	Forwarding bool

@@ -146,16 +146,18 @@ func TestIsolationRules(t *testing.T) {
 	fake := knftables.NewFake(knftables.InetFamily, "kagt-test")
 	for _, tc := range []struct {
 		name    string
+		mark    uint32
 		bridges []string
 		want    int
 	}{
-		{"two vpcs", []string{"kab000001", "kab000002"}, 4},
-		{"one left", []string{"kab000002"}, 2},
-		{"none", nil, 0},
+		{"two vpcs", 0, []string{"kab000001", "kab000002"}, 4},
+		{"one left", 0, []string{"kab000002"}, 2},
+		{"none", 0, nil, 0},
+		{"nat accept mark", 0x200000, []string{"kab000002"}, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tx := fake.NewTransaction()
-			isolationRules(tx, "kurma-agent", tc.bridges)
+			isolationRules(tx, "kurma-agent", tc.mark, tc.bridges)
 			if err := fake.Run(t.Context(), tx); err != nil {
 				t.Fatal(err)
 			}
@@ -167,7 +169,7 @@ func TestIsolationRules(t *testing.T) {
 				t.Fatalf("%d rules, want %d:\n%s", len(rules), tc.want, fake.Dump())
 			}
 			for _, r := range rules {
-				if r.Comment == nil || !strings.HasPrefix(*r.Comment, "kurma-agent:vpc-") {
+				if r.Comment == nil || !(strings.HasPrefix(*r.Comment, "kurma-agent:vpc-") || *r.Comment == "kurma-agent:nat-accept") {
 					t.Errorf("rule %q has no owner comment", r.Rule)
 				}
 			}

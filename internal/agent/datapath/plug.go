@@ -185,6 +185,11 @@ func (d *Datapath) configureHost(host, br netlink.Link, alias string, up bool) e
 			return fmt.Errorf("attach %s to %s: %w", a.Name, br.Attrs().Name, err)
 		}
 	}
+	// Hairpin: a pod whose connection to a load balancer's VIP is DNATed
+	// back to itself gets the packet through the port it came from.
+	if err := d.h.LinkSetHairpin(host, true); err != nil {
+		return fmt.Errorf("hairpin %s: %w", a.Name, err)
+	}
 	if err := setUp(d.h, host, up); err != nil {
 		return fmt.Errorf("%s: %w", a.Name, err)
 	}

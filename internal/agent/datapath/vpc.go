@@ -184,7 +184,7 @@ func (d *Datapath) syncIsolation(ctx context.Context) error {
 	d.nftMu.Lock()
 	defer d.nftMu.Unlock()
 	tx := d.nft.NewTransaction()
-	isolationRules(tx, d.cfg.Owner, bridges)
+	isolationRules(tx, d.cfg.Owner, d.cfg.AcceptMark, bridges)
 	return d.inHost(func() error {
 		if err := d.nft.Run(ctx, tx); err != nil {
 			return fmt.Errorf("nftables: isolate vpcs: %w", err)
@@ -195,8 +195,10 @@ func (d *Datapath) syncIsolation(ctx context.Context) error {
 
 // isolationRules fills tx with our table, its forward chain, and for each
 // VPC bridge two rules that drop packets routed into or out of it from any
-// other interface. Each rule's comment names its owner and bridge.
-func isolationRules(tx *knftables.Transaction, owner string, bridges []string) {
+// other interface. Each rule's comment names its owner and bridge. Packets
+// whose mark has all bits of acceptMark (non-zero) pass first: the load
+// balancer datapath marks its NATed flows so.
+func isolationRules(tx *knftables.Transaction, owner string, acceptMark uint32, bridges []string) {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo(owner + ": vpc isolation")})
 	tx.Add(&knftables.Chain{
 		Name:     forwardChain,
@@ -206,6 +208,10 @@ func isolationRules(tx *knftables.Transaction, owner string, bridges []string) {
 		Policy:   knftables.PtrTo(knftables.AcceptPolicy),
 	})
 	tx.Flush(&knftables.Chain{Name: forwardChain})
+	if acceptMark != 0 {
+		tx.Add(&knftables.Rule{Chain: forwardChain, Rule: fmt.Sprintf("meta mark & 0x%x == 0x%x accept", acceptMark, acceptMark),
+			Comment: knftables.PtrTo(owner + ":nat-accept")})
+	}
 	for _, br := range bridges {
 		q := strconv.Quote(br)
 		tx.Add(&knftables.Rule{Chain: forwardChain, Rule: knftables.Concat("iifname", q, "oifname", "!=", q, "drop"),
