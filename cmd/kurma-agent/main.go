@@ -26,8 +26,13 @@ import (
 
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/internal/agent/lbpath"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
+
+// natAcceptMark is the packet-mark bit the load-balancer datapath sets on
+// its NATed flows and the VPC isolation lets through.
+const natAcceptMark = 0x00200000
 
 func main() {
 	if err := run(); err != nil {
@@ -52,6 +57,9 @@ func run() error {
 		resync        = flag.Duration("resync", 30*time.Second, "period of the full level check")
 		vpcLinger     = flag.Duration("vpc-linger", 3*time.Second, "keep a VPC's devices this long after its last local port goes (0: remove at once)")
 		forwarding    = flag.Bool("ip-forward", true, "enable IP forwarding (routing between a VPC's subnets)")
+		lbEnable      = flag.Bool("lb", true, "program load balancers and floating IPs")
+		lbTable       = flag.String("lb-nft-table", "kurma-lb", "name of the nftables inet table of load balancers and floating IPs")
+		extIface      = flag.String("external-interface", "", "interface toward the external network, where floating IPs are answered (empty: no floating IPs)")
 		verbose       = flag.Bool("v", false, "debug logging")
 	)
 	flag.Parse()
@@ -98,15 +106,24 @@ func run() error {
 	}
 	dp, err := datapath.New(ctx, datapath.Config{
 		Prefix: *prefix, UnderlayIP: ip, UnderlayDev: *underlayDev, MTU: *mtu,
-		NFTTable: *nftTable, Forwarding: *forwarding, Logger: log,
+		NFTTable: *nftTable, Forwarding: *forwarding, AcceptMark: natAcceptMark, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
 	defer dp.Close()
+	var lb agent.LBPath
+	if *lbEnable {
+		p, err := lbpath.New(ctx, lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: natAcceptMark, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		lb = p
+	}
 	a, err := agent.New(agent.Config{
 		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
-		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, Logger: log,
+		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, LB: lb, Logger: log,
 	})
 	if err != nil {
 		return err

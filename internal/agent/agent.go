@@ -56,7 +56,11 @@ type Config struct {
 	// (the common churn: DEL then ADD on the same network) plugs without
 	// recreating them and running nft. Zero removes the VPC at once.
 	VPCLinger time.Duration
-	Logger    *slog.Logger
+	// LB programs load balancers and floating IPs (optional: nil leaves
+	// them alone). It needs a controller that streams them and a datapath
+	// that names VPC bridges.
+	LB     LBPath
+	Logger *slog.Logger
 }
 
 // Agent reconciles this host's datapath with the controller. Build it with
@@ -68,7 +72,7 @@ type Agent struct {
 	log *slog.Logger
 	q   *queue
 
-	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced
+	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb
 	ports    map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
 	hosts    map[string]net.IP                // underlay address by host id
 	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
@@ -76,6 +80,7 @@ type Agent struct {
 	gateways map[uint32]map[string]bool       // gateways each VPC was last ensured with
 	empty    map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
 	synced   chan struct{}                    // closed after the first port list
+	lb       lbCache                          // load balancers and floating IPs
 
 	vpcMu    sync.Mutex               // guards vpcLocks
 	vpcLocks map[uint32]*sync.RWMutex // one per VNI: shared by plugs, exclusive for VPC changes
@@ -114,6 +119,7 @@ func New(cfg Config) (*Agent, error) {
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
+		lb: newLBCache(),
 	}, nil
 }
 
@@ -152,6 +158,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.q.Shutdown()
 	wg.Go(func() { a.watchHosts(ctx) })
 	wg.Go(func() { a.watchPorts(ctx) })
+	if a.lbEnabled() {
+		wg.Go(func() { a.watchLBs(ctx) })
+	}
 	for range a.cfg.Workers {
 		wg.Go(func() { a.work(ctx) })
 	}
@@ -213,6 +222,11 @@ func (a *Agent) sync(ctx context.Context, key string) error {
 		return a.syncPort(ctx, id)
 	case "g":
 		return a.syncGuards(ctx)
+	case "l":
+		if !a.isSynced() {
+			return nil // the port listing queues it again
+		}
+		return a.syncLBs(ctx)
 	case "v":
 		vni, err := strconv.ParseUint(id, 10, 32)
 		if err != nil {
@@ -251,6 +265,9 @@ func (a *Agent) resync(ctx context.Context) {
 	}
 	a.mu.Lock()
 	keys := []string{guardsKey}
+	if a.lbEnabled() {
+		keys = append(keys, lbKey)
+	}
 	vnis := map[uint32]bool{}
 	for id, p := range a.ports {
 		if a.isLocal(p) {

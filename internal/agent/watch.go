@@ -184,6 +184,11 @@ func (a *Agent) forgetPeersLocked(vni uint32) {
 func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
 	if a.isLocal(p) || (old != nil && a.isLocal(old)) {
 		a.q.Add(guardsKey)
+		if a.lbEnabled() {
+			// Which VPCs have local ports (and which FIPs point here) may
+			// have changed.
+			a.q.Add(lbKey)
+		}
 	}
 	if a.isLocal(p) {
 		a.q.Add(portKey(p.ID))

@@ -283,3 +283,7 @@ func checkCtx(ctx context.Context) error {
 	}
 	return nil
 }
+
+// BridgeName is the name of the VPC's bridge on this host: the interface
+// its pods' routed packets arrive on.
+func (d *Datapath) BridgeName(vni uint32) string { return d.names.bridge(vni) }

@@ -1,0 +1,334 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"maps"
+	"net/netip"
+	"time"
+
+	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// LBPath is what the agent needs from the load-balancer datapath;
+// *lbpath.Path implements it.
+type LBPath interface {
+	// Apply makes incremental changes live (one transaction).
+	Apply(ctx context.Context, ch lbpath.Changes) error
+	// Sync makes the kernel equal s, removing whatever is stale.
+	Sync(ctx context.Context, s lbpath.State) error
+}
+
+var _ LBPath = (*lbpath.Path)(nil)
+
+// lbWatcher is the part of the controller API that streams load
+// balancers and floating IPs; *controllerapi.Client implements it.
+type lbWatcher interface {
+	WatchLoadBalancers(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error]
+}
+
+// bridgeNamer names a VPC's bridge; *datapath.Datapath implements it.
+type bridgeNamer interface {
+	BridgeName(vni uint32) string
+}
+
+// lbKey is the one queue key of the load-balancer datapath: every sync
+// drains all pending changes into one transaction.
+const lbKey = "l/"
+
+// lbCache is the agent's copy of every load balancer and floating IP, and
+// what it last programmed. Guarded by Agent.mu.
+type lbCache struct {
+	lbs       map[string]*controllerapi.LoadBalancer
+	fips      map[string]*controllerapi.FloatingIP
+	dirtyLB   map[string]bool
+	dirtyFIP  map[string]bool
+	full      bool                  // the next sync is a full Sync
+	progLB    map[string]bool       // load balancers programmed here
+	progFIP   map[string]lbpath.FIP // floating IPs programmed here, as programmed
+	localVNIs map[uint32]bool       // VPCs with a local port at the last sync
+}
+
+func newLBCache() lbCache {
+	return lbCache{lbs: map[string]*controllerapi.LoadBalancer{}, fips: map[string]*controllerapi.FloatingIP{},
+		dirtyLB: map[string]bool{}, dirtyFIP: map[string]bool{}, full: true,
+		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]bool{}}
+}
+
+// lbEnabled reports whether the agent programs load balancers.
+func (a *Agent) lbEnabled() bool {
+	_, w := a.c.(lbWatcher)
+	_, b := a.dp.(bridgeNamer)
+	return a.cfg.LB != nil && w && b
+}
+
+// watchLBs keeps the load balancer and floating IP cache from the
+// controller's feed: events mark objects dirty; the listing that opens
+// every (re)connect drops what it did not list and asks for a full sync.
+func (a *Agent) watchLBs(ctx context.Context) {
+	w := a.c.(lbWatcher)
+	a.run(ctx, stream{
+		name: "loadbalancer",
+		open: func(ctx context.Context, _ int64) iter.Seq2[controllerapi.Event, error] {
+			return w.WatchLoadBalancers(ctx, 0)
+		},
+		apply: func(ev controllerapi.Event, listing bool) string {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			c := &a.lb
+			switch {
+			case ev.LoadBalancer != nil && ev.LoadBalancer.ID != "":
+				l := ev.LoadBalancer
+				if old := c.lbs[l.ID]; old != nil && old.RevisionNumber > l.RevisionNumber && ev.Type != controllerapi.EventDeleted {
+					return "lb:" + l.ID
+				}
+				if ev.Type == controllerapi.EventDeleted {
+					delete(c.lbs, l.ID)
+				} else {
+					cp := *l
+					c.lbs[l.ID] = &cp
+				}
+				c.dirtyLB[l.ID] = true
+				// Its FIPs gain or lose their target.
+				for id, f := range c.fips {
+					if f.LoadBalancerID == l.ID {
+						c.dirtyFIP[id] = true
+					}
+				}
+				if !listing {
+					a.q.Add(lbKey)
+				}
+				return "lb:" + l.ID
+			case ev.FloatingIP != nil && ev.FloatingIP.ID != "":
+				f := ev.FloatingIP
+				if old := c.fips[f.ID]; old != nil && old.RevisionNumber > f.RevisionNumber && ev.Type != controllerapi.EventDeleted {
+					return "fip:" + f.ID
+				}
+				if ev.Type == controllerapi.EventDeleted {
+					delete(c.fips, f.ID)
+				} else {
+					cp := *f
+					c.fips[f.ID] = &cp
+				}
+				c.dirtyFIP[f.ID] = true
+				if !listing {
+					a.q.Add(lbKey)
+				}
+				return "fip:" + f.ID
+			}
+			return ""
+		},
+		listed: func(_ context.Context, seen map[string]bool) {
+			a.mu.Lock()
+			c := &a.lb
+			for id := range c.lbs {
+				if !seen["lb:"+id] {
+					delete(c.lbs, id)
+				}
+			}
+			for id := range c.fips {
+				if !seen["fip:"+id] {
+					delete(c.fips, id)
+				}
+			}
+			c.full = true
+			a.mu.Unlock()
+			a.q.Add(lbKey)
+		},
+	})
+}
+
+// syncLBs programs what changed since the last sync in one transaction,
+// or, after a (re)listing or a failure, the whole state (which also
+// removes whatever a previous run left and the controller no longer has).
+func (a *Agent) syncLBs(ctx context.Context) error {
+	bn := a.dp.(bridgeNamer)
+	a.mu.Lock()
+	c := &a.lb
+	local := map[uint32]bool{}
+	for _, p := range a.ports {
+		if a.isLocal(p) && p.VNI != 0 {
+			local[p.VNI] = true
+		}
+	}
+	if !maps.Equal(local, c.localVNIs) {
+		for id, l := range c.lbs {
+			if local[l.VNI] != c.localVNIs[l.VNI] {
+				c.dirtyLB[id] = true
+			}
+		}
+		for id := range c.progLB {
+			c.dirtyLB[id] = true
+		}
+		c.localVNIs = local
+	}
+	// Port FIPs follow their port's host; mark those whose answer changed.
+	for id, f := range c.fips {
+		if _, ok := a.fipSpecLocked(f, bn); ok != (c.progFIP[id] != lbpath.FIP{}) {
+			c.dirtyFIP[id] = true
+		}
+	}
+	full := c.full
+	var st lbpath.State
+	var ch lbpath.Changes
+	progLB := maps.Clone(c.progLB)
+	progFIP := maps.Clone(c.progFIP)
+	if full {
+		clear(progLB)
+		clear(progFIP)
+		for _, l := range c.lbs {
+			if spec, ok := a.lbSpecLocked(l, bn); ok {
+				st.LBs = append(st.LBs, spec)
+				progLB[l.ID] = true
+			}
+		}
+		for _, f := range c.fips {
+			if spec, ok := a.fipSpecLocked(f, bn); ok {
+				st.FIPs = append(st.FIPs, spec)
+				progFIP[f.ID] = spec
+			}
+		}
+	} else {
+		for id := range c.dirtyLB {
+			l := c.lbs[id]
+			spec, ok := lbpath.LB{}, false
+			if l != nil {
+				spec, ok = a.lbSpecLocked(l, bn)
+			}
+			switch {
+			case ok:
+				ch.LBs = append(ch.LBs, spec)
+				progLB[id] = true
+			case progLB[id]:
+				ch.DeleteLBs = append(ch.DeleteLBs, id)
+				delete(progLB, id)
+			}
+		}
+		for id := range c.dirtyFIP {
+			f := c.fips[id]
+			spec, ok := lbpath.FIP{}, false
+			if f != nil {
+				spec, ok = a.fipSpecLocked(f, bn)
+			}
+			switch {
+			case ok && spec != progFIP[id]:
+				ch.FIPs = append(ch.FIPs, spec)
+				progFIP[id] = spec
+			case !ok && progFIP[id] != lbpath.FIP{}:
+				ch.DeleteFIP = append(ch.DeleteFIP, id)
+				delete(progFIP, id)
+			}
+		}
+	}
+	clear(c.dirtyLB)
+	clear(c.dirtyFIP)
+	c.full = false
+	a.mu.Unlock()
+
+	var err error
+	switch {
+	case full:
+		err = a.cfg.LB.Sync(ctx, st)
+	case len(ch.LBs)+len(ch.DeleteLBs)+len(ch.FIPs)+len(ch.DeleteFIP) > 0:
+		err = a.cfg.LB.Apply(ctx, ch)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		// What was applied is unknown: the retry converges from the kernel.
+		c.full = true
+		return fmt.Errorf("load balancers: %w", err)
+	}
+	c.progLB, c.progFIP = progLB, progFIP
+	if full {
+		a.log.Info("load balancers synced", "lbs", len(st.LBs), "fips", len(st.FIPs))
+	}
+	return nil
+}
+
+// lbSpecLocked converts a load balancer this host must program: one of a
+// VPC with a local port. Callers hold a.mu.
+func (a *Agent) lbSpecLocked(l *controllerapi.LoadBalancer, bn bridgeNamer) (lbpath.LB, bool) {
+	if !a.lb.localVNIs[l.VNI] {
+		return lbpath.LB{}, false
+	}
+	vip, err := netip.ParseAddr(l.VIPAddress)
+	if err != nil || !vip.Is4() {
+		return lbpath.LB{}, false
+	}
+	spec := lbpath.LB{ID: l.ID, Iface: bn.BridgeName(l.VNI), VIP: vip}
+	for _, ls := range l.Listeners {
+		p := protoNumber(ls.Protocol)
+		if p == 0 || ls.Port < 1 || ls.Port > 65535 || ls.TargetPort < 0 || ls.TargetPort > 65535 {
+			continue
+		}
+		spec.Listeners = append(spec.Listeners, lbpath.Listener{Proto: p, Port: uint16(ls.Port), TargetPort: uint16(ls.TargetPort)})
+	}
+	for _, m := range l.Members {
+		addr, err := netip.ParseAddr(m.Address)
+		if err != nil || !addr.Is4() || m.Port < 0 || m.Port > 65535 {
+			continue
+		}
+		spec.Members = append(spec.Members, lbpath.Member{Addr: addr, Port: uint16(m.Port)})
+	}
+	if sp := l.SessionPersistence; sp != nil && sp.Type == controllerapi.PersistenceSourceIP {
+		t := sp.Timeout
+		if t <= 0 {
+			t = 10800
+		}
+		spec.Affinity = time.Duration(t) * time.Second
+	}
+	if spec.Validate() != nil {
+		return lbpath.LB{}, false
+	}
+	return spec, true
+}
+
+// fipSpecLocked converts a floating IP this host must answer for: one
+// associated with a local port, or with a load balancer programmed here.
+// Callers hold a.mu.
+func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpath.FIP, bool) {
+	addr, err := netip.ParseAddr(f.FloatingIPAddress)
+	if err != nil || !addr.Is4() {
+		return lbpath.FIP{}, false
+	}
+	spec := lbpath.FIP{ID: f.ID, Addr: addr}
+	switch {
+	case f.PortID != "":
+		p := a.ports[f.PortID]
+		if p == nil || !a.isLocal(p) {
+			return lbpath.FIP{}, false
+		}
+		fixed, err := netip.ParseAddr(f.FixedIPAddress)
+		if err != nil || !fixed.Is4() {
+			return lbpath.FIP{}, false
+		}
+		spec.PortAddr = fixed
+	case f.LoadBalancerID != "":
+		l := a.lb.lbs[f.LoadBalancerID]
+		if l == nil {
+			return lbpath.FIP{}, false
+		}
+		if _, ok := a.lbSpecLocked(l, bn); !ok {
+			return lbpath.FIP{}, false
+		}
+		spec.LBID = l.ID
+	default:
+		return lbpath.FIP{}, false
+	}
+	return spec, spec.Validate() == nil
+}
+
+func protoNumber(p string) uint8 {
+	switch p {
+	case controllerapi.ProtocolTCP:
+		return lbpath.TCP
+	case controllerapi.ProtocolUDP:
+		return lbpath.UDP
+	case controllerapi.ProtocolSCTP:
+		return lbpath.SCTP
+	}
+	return 0
+}
