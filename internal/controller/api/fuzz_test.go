@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"kurma.dev/kurma/internal/controller/core"
 	capi "kurma.dev/kurma/pkg/controllerapi"
 )
 
@@ -25,13 +26,13 @@ func FuzzDecodePorts(f *testing.F) {
 		}
 		for i := range ports {
 			p := ports[i]
-			if err := normalizePort("p1", &p); err != nil {
+			if err := core.NormalizePort("p1", &p); err != nil {
 				continue
 			}
 			if p.ProjectID != "p1" || p.Status != capi.StatusPending || p.NetworkNS != p.VethNamespace {
 				t.Fatalf("normalized port inconsistent: %+v", p)
 			}
-			if validID("port", p.ID) != nil || validID("network", p.NetworkID) != nil {
+			if core.ValidID("port", p.ID) != nil || core.ValidID("network", p.NetworkID) != nil {
 				t.Fatalf("invalid ids survived: %q %q", p.ID, p.NetworkID)
 			}
 			enc, err := json.Marshal(capi.PortBody{Port: p})

@@ -9,13 +9,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"kurma.dev/kurma/internal/controller/ipam"
+	"kurma.dev/kurma/internal/controller/core"
 	"kurma.dev/kurma/internal/controller/store"
 	capi "kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
@@ -30,32 +29,15 @@ type Config struct {
 	MaxWait time.Duration
 }
 
-// Server serves the controller API. Create with New, start its background
-// work with Run, serve Handler.
+// Server serves the controller API over a core.Core. Create with New,
+// start its background work with Run, serve Handler.
 type Server struct {
-	st      store.Store
+	core    *core.Core
 	token   []byte
 	log     *slog.Logger
 	maxWait time.Duration
 	mux     *http.ServeMux
 	metrics *metrics
-	waiters *waiters
-	macs    *ipam.MACGen
-
-	mu       sync.Mutex
-	subnets  map[string]*subnetEntry // guarded by mu; key: store key of the subnet
-	projects map[string]bool         // guarded by mu; projects known to exist
-}
-
-// subnetEntry caches a subnet and its address tracker.
-type subnetEntry struct {
-	wire    capi.Subnet
-	vpc     capi.VPC
-	sub     *ipam.Subnet
-	tracker *ipam.Tracker
-
-	loadMu sync.Mutex // serialises (re)loads of the tracker
-	loaded bool       // guarded by loadMu
 }
 
 // New builds a server.
@@ -69,16 +51,16 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 5 * time.Minute
 	}
+	c, err := core.New(core.Config{Store: cfg.Store, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
-		st:       cfg.Store,
-		log:      cfg.Logger,
-		maxWait:  cfg.MaxWait,
-		mux:      http.NewServeMux(),
-		metrics:  newMetrics(),
-		waiters:  newWaiters(),
-		macs:     ipam.NewMACGen(),
-		subnets:  map[string]*subnetEntry{},
-		projects: map[string]bool{},
+		core:    c,
+		log:     cfg.Logger,
+		maxWait: cfg.MaxWait,
+		mux:     http.NewServeMux(),
+		metrics: newMetrics(c.Collectors()),
 	}
 	if cfg.Token != "" {
 		s.token = []byte(cfg.Token)
@@ -92,8 +74,14 @@ func (s *Server) Registry() *prometheus.Registry { return s.metrics.reg }
 
 // Run runs background work (the port-change feed behind long polls and
 // the ports-by-status gauge) until ctx ends.
-func (s *Server) Run(ctx context.Context) {
-	s.feed(ctx)
+func (s *Server) Run(ctx context.Context) { s.core.Run(ctx) }
+
+// Core returns the core the server calls.
+func (s *Server) Core() *core.Core { return s.core }
+
+// Preload is core.Core.Preload (benchmarks fill a store with it).
+func (s *Server) Preload(ctx context.Context, pid, sid string, n int, hostOf func(int) string, load func(context.Context, []store.KV) error) error {
+	return s.core.Preload(ctx, pid, sid, n, hostOf, load)
 }
 
 func (s *Server) routes() {
@@ -131,7 +119,7 @@ func (s *Server) routes() {
 
 	s.mux.Handle("GET /metrics", s.authOnly(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if _, err := s.st.Rev(r.Context()); err != nil {
+		if err := s.core.Healthy(r.Context()); err != nil {
 			writeError(w, err)
 			return
 		}

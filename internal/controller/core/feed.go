@@ -1,4 +1,4 @@
-package api
+package core
 
 import (
 	"context"
@@ -89,7 +89,7 @@ type delta struct {
 	from, to string
 }
 
-func (s *Server) applyDelta(c *counter, d delta) {
+func (s *Core) applyDelta(c *counter, d delta) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.base == nil {
@@ -110,7 +110,7 @@ func (s *Server) applyDelta(c *counter, d delta) {
 // feed watches every port change: it wakes long polls, keeps the
 // ports-by-status gauge and the create-to-UP histogram. It restarts from
 // the current revision when its watch ends.
-func (s *Server) feed(ctx context.Context) {
+func (s *Core) feed(ctx context.Context) {
 	c := &counter{}
 	go func() {
 		counts := map[string]float64{}
@@ -165,7 +165,7 @@ func (s *Server) feed(ctx context.Context) {
 	}
 }
 
-func (s *Server) feedEvent(c *counter, ev store.Event) {
+func (s *Core) feedEvent(c *counter, ev store.Event) {
 	s.waiters.wake(ev.Key)
 	var prev, cur statusOnly
 	if ev.PrevValue != nil {

@@ -1,4 +1,4 @@
-package api
+package core
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func vpcIdxKey(pid, vpc, id string) string { return "idx/vpc/" + pid + "/" + vpc
 func hostKey(id string) string             { return "hosts/" + id }
 
 // getJSON reads key into v; NotFound names kind and id.
-func (s *Server) getJSON(ctx context.Context, key, kind, id string, v any) (int64, error) {
+func (s *Core) getJSON(ctx context.Context, key, kind, id string, v any) (int64, error) {
 	kv, err := s.st.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, kerrors.NotFound) {
@@ -67,8 +67,8 @@ func txnFailedOn(err error, key string) bool {
 
 // requireProject checks that project pid exists (positive answers cached;
 // writes under a project still carry a store condition on it).
-func (s *Server) requireProject(ctx context.Context, pid string) error {
-	if err := validID("project", pid); err != nil {
+func (s *Core) requireProject(ctx context.Context, pid string) error {
+	if err := ValidID("project", pid); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -87,4 +87,29 @@ func (s *Server) requireProject(ctx context.Context, pid string) error {
 	s.projects[pid] = true
 	s.mu.Unlock()
 	return nil
+}
+
+// Load balancers and floating IPs share the prefix svcPrefix, so that one
+// store watch feeds WatchLoadBalancers with both, in revision order.
+const svcPrefix = "svc/"
+
+func lbKey(pid, id string) string  { return "svc/lb/" + pid + "/" + id }
+func fipKey(pid, id string) string { return "svc/fip/" + pid + "/" + id }
+
+// extnetKey stores an external network; its address bitmap lives under
+// extIpamPrefix, apart from the subnets' "ipam/<pid>/<sid>/".
+func extnetKey(id string) string              { return "extnets/" + id }
+func extIpamPrefix(id string) string          { return "ipamx/" + id + "/" }
+func extFIPIdxKey(ext, pid, id string) string { return "idx/extfip/" + ext + "/" + pid + "/" + id }
+
+// fipRefKey lists the floating IPs associated with a port (kind "port")
+// or a load balancer (kind "lb"). An association and the deletion of its
+// target both carry a condition on this key, so neither can miss the
+// other: no association outlives its target.
+func fipRefKey(kind, pid, id string) string { return "fipref/" + kind + "/" + pid + "/" + id }
+
+// RequireProject checks that project pid exists, from the cache when it
+// can (the HTTP layer asks before it reads a body).
+func (s *Core) RequireProject(ctx context.Context, pid string) error {
+	return s.requireProject(ctx, pid)
 }

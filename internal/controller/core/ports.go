@@ -1,12 +1,10 @@
-package api
+package core
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -25,7 +23,7 @@ func decodePort(kv store.KV) (capi.Port, error) {
 	return p, nil
 }
 
-func (s *Server) readPort(ctx context.Context, pid, id string) (capi.Port, error) {
+func (s *Core) readPort(ctx context.Context, pid, id string) (capi.Port, error) {
 	kv, err := s.st.Get(ctx, portKey(pid, id))
 	if err != nil {
 		if errors.Is(err, kerrors.NotFound) {
@@ -36,64 +34,26 @@ func (s *Server) readPort(ctx context.Context, pid, id string) (capi.Port, error
 	return decodePort(kv)
 }
 
-// parseWait reads wait_status and timeout; zero duration means no wait.
-func (s *Server) parseWait(r *http.Request) (string, time.Duration, error) {
-	q := r.URL.Query()
-	ws, ts := q.Get("wait_status"), q.Get("timeout")
-	if ws == "" && ts == "" {
-		return "", 0, nil
+// GetPort reads port id of project pid.
+func (s *Core) GetPort(ctx context.Context, pid, id string) (capi.Port, error) {
+	if err := s.requireProject(ctx, pid); err != nil {
+		return capi.Port{}, err
 	}
-	switch ws {
-	case "", capi.StatusUp, capi.StatusDown, capi.StatusError:
-	default:
-		return "", 0, kerrors.New(kerrors.Invalid, "wait_status %q: want UP, DOWN or ERROR", ws)
+	if err := ValidID("port", id); err != nil {
+		return capi.Port{}, err
 	}
-	d := 60 * time.Second
-	if ts != "" {
-		var err error
-		if d, err = time.ParseDuration(ts); err != nil {
-			n, nerr := strconv.Atoi(ts)
-			if nerr != nil {
-				return "", 0, kerrors.New(kerrors.Invalid, "timeout %q: want a duration such as 60s", ts)
-			}
-			d = time.Duration(n) * time.Second
-		}
-		if d < 0 {
-			return "", 0, kerrors.New(kerrors.Invalid, "timeout %q is negative", ts)
-		}
-	}
-	return ws, min(d, s.maxWait), nil
-}
-
-func (s *Server) getPort(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("port", id); err != nil {
-		return err
-	}
-	ws, d, err := s.parseWait(r)
-	if err != nil {
-		return err
-	}
-	if d == 0 {
-		p, err := s.readPort(r.Context(), pid, id)
-		if err != nil {
-			return err
-		}
-		return writeJSON(w, http.StatusOK, capi.PortBody{Port: p})
-	}
-	p, err := s.WaitPort(r.Context(), pid, id, ws, d)
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, capi.PortBody{Port: p})
+	return s.readPort(ctx, pid, id)
 }
 
 // WaitPort returns the port once its status is not PENDING (or equals
 // want), or as it is when d passes.
-func (s *Server) WaitPort(ctx context.Context, pid, id, want string, d time.Duration) (capi.Port, error) {
+func (s *Core) WaitPort(ctx context.Context, pid, id, want string, d time.Duration) (capi.Port, error) {
+	if err := s.requireProject(ctx, pid); err != nil {
+		return capi.Port{}, err
+	}
+	if err := ValidID("port", id); err != nil {
+		return capi.Port{}, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	k := portKey(pid, id)
@@ -115,14 +75,12 @@ func (s *Server) WaitPort(ctx context.Context, pid, id, want string, d time.Dura
 	}
 }
 
-func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
-	pid := r.PathValue("pid")
-	ctx := r.Context()
+// ListPorts lists the ports of project pid that match f, through an
+// index when f names a host, device or name.
+func (s *Core) ListPorts(ctx context.Context, pid string, f capi.PortFilter) ([]capi.Port, error) {
 	if err := s.requireProject(ctx, pid); err != nil {
-		return err
+		return nil, err
 	}
-	q := r.URL.Query()
-	f := capi.PortFilter{HostID: q.Get("binding:host_id"), DeviceID: q.Get("device_id"), Name: q.Get("name"), NetworkID: q.Get("network_id")}
 	match := func(p *capi.Port) bool {
 		if f.HostID != "" && p.BindingHostID != f.HostID || f.DeviceID != "" && p.DeviceID != f.DeviceID || f.Name != "" && p.Name != f.Name {
 			return false
@@ -148,7 +106,7 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 			ids = append(ids, kv.Key[len(idx):])
 			return nil
 		}); err != nil {
-			return err
+			return nil, err
 		}
 		for _, id := range ids {
 			p, err := s.readPort(ctx, pid, id)
@@ -156,13 +114,13 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 				continue // deleted meanwhile
 			}
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if match(&p) {
 				out = append(out, p)
 			}
 		}
-		return writeJSON(w, http.StatusOK, capi.PortsBody{Ports: out})
+		return out, nil
 	}
 	_, err := s.st.ForEach(ctx, "ports/"+pid+"/", func(kv store.KV) error {
 		p, err := decodePort(kv)
@@ -174,28 +132,17 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, capi.PortsBody{Ports: out})
-}
-
-func (s *Server) deletePort(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("port", id); err != nil {
-		return err
-	}
-	if err := s.DeletePort(r.Context(), pid, id); err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, struct{}{})
+	return out, err
 }
 
 // DeletePort deletes a port and releases its address and MAC.
-func (s *Server) DeletePort(ctx context.Context, pid, id string) error {
+func (s *Core) DeletePort(ctx context.Context, pid, id string) error {
+	if err := s.requireProject(ctx, pid); err != nil {
+		return err
+	}
+	if err := ValidID("port", id); err != nil {
+		return err
+	}
 	k := portKey(pid, id)
 	for try := 0; try < 8; try++ {
 		p, err := s.readPort(ctx, pid, id)
@@ -253,48 +200,30 @@ func (s *Server) DeletePort(ctx context.Context, pid, id string) error {
 	return kerrors.New(kerrors.Unavailable, "delete port %s: too many concurrent changes", id)
 }
 
-func (s *Server) setPortStatus(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	if err := validID("port", id); err != nil {
-		return err
-	}
-	b, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	u, err := DecodeStatus(b)
-	if err != nil {
-		return err
-	}
-	p, err := s.SetPortStatus(r.Context(), pid, id, u)
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, capi.PortBody{Port: p})
-}
-
-// DecodeStatus parses a PUT .../status body.
-func DecodeStatus(b []byte) (capi.PortStatusUpdate, error) {
-	var u capi.PortStatusUpdate
-	if err := decodeStrict(b, &u); err != nil {
-		return u, err
-	}
+// ValidStatus checks an agent's status report.
+func ValidStatus(u capi.PortStatusUpdate) error {
 	switch u.Status {
 	case capi.StatusUp, capi.StatusDown, capi.StatusError, capi.StatusPending:
 	default:
-		return u, kerrors.New(kerrors.Invalid, "status %q: want UP, DOWN, ERROR or PENDING", u.Status)
+		return kerrors.New(kerrors.Invalid, "status %q: want UP, DOWN, ERROR or PENDING", u.Status)
 	}
 	if len(u.StatusReason) > 1024 {
-		return u, kerrors.New(kerrors.Invalid, "status_reason longer than 1024 bytes")
+		return kerrors.New(kerrors.Invalid, "status_reason longer than 1024 bytes")
 	}
-	return u, nil
+	return nil
 }
 
 // SetPortStatus records the agent's report (compare-and-swap, retried).
-func (s *Server) SetPortStatus(ctx context.Context, pid, id string, u capi.PortStatusUpdate) (capi.Port, error) {
+func (s *Core) SetPortStatus(ctx context.Context, pid, id string, u capi.PortStatusUpdate) (capi.Port, error) {
+	if err := s.requireProject(ctx, pid); err != nil {
+		return capi.Port{}, err
+	}
+	if err := ValidID("port", id); err != nil {
+		return capi.Port{}, err
+	}
+	if err := ValidStatus(u); err != nil {
+		return capi.Port{}, err
+	}
 	k := portKey(pid, id)
 	for try := 0; try < 16; try++ {
 		p, err := s.readPort(ctx, pid, id)
@@ -324,7 +253,7 @@ func (s *Server) SetPortStatus(ctx context.Context, pid, id string, u capi.PortS
 // subnetForRelease returns the parsed subnet (and its tracker when cached)
 // even while the subnet is marked for deletion, so ports can always be
 // deleted.
-func (s *Server) subnetForRelease(ctx context.Context, pid, sid string) (*ipam.Subnet, *ipam.Tracker, error) {
+func (s *Core) subnetForRelease(ctx context.Context, pid, sid string) (*ipam.Subnet, *ipam.Tracker, error) {
 	s.mu.Lock()
 	e := s.subnets[subnetKey(pid, sid)]
 	s.mu.Unlock()

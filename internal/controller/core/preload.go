@@ -1,4 +1,4 @@
-package api
+package core
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // store with a million ports quickly. Ports get status UP, the subnet's
 // lowest free offsets, MACs 02:ff:.. derived from i, and host hostOf(i).
 // The subnet must be empty.
-func (s *Server) Preload(ctx context.Context, pid, sid string, n int, hostOf func(int) string, load func(context.Context, []store.KV) error) error {
+func (s *Core) Preload(ctx context.Context, pid, sid string, n int, hostOf func(int) string, load func(context.Context, []store.KV) error) error {
 	e, _, err := s.subnet(ctx, pid, sid)
 	if err != nil {
 		return err

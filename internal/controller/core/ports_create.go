@@ -1,10 +1,9 @@
-package api
+package core
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 
 	"kurma.dev/kurma/internal/controller/ipam"
 	"kurma.dev/kurma/internal/controller/store"
@@ -15,45 +14,6 @@ import (
 // maxCreateTries bounds retries of a port creation whose candidate
 // addresses or MACs were taken meanwhile (by another replica).
 const maxCreateTries = 16
-
-func (s *Server) createPorts(w http.ResponseWriter, r *http.Request) error {
-	pid := r.PathValue("pid")
-	if err := s.requireProject(r.Context(), pid); err != nil {
-		return err
-	}
-	b, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	ports, bulk, err := DecodePorts(b)
-	if err != nil {
-		return err
-	}
-	// ?wait_status=&timeout= on a single create: answer once the new port
-	// has left PENDING (as GET with the same query does), so a CNI ADD
-	// needs one request instead of a create and then a long poll.
-	ws, d, err := s.parseWait(r)
-	if err != nil {
-		return err
-	}
-	if bulk && d > 0 {
-		return kerrors.New(kerrors.Invalid, "wait_status and timeout apply to single-port creates only")
-	}
-	out, err := s.CreatePorts(r.Context(), pid, ports)
-	if err != nil {
-		return err
-	}
-	if bulk {
-		return writeJSON(w, http.StatusCreated, capi.PortsBody{Ports: out})
-	}
-	p := out[0]
-	if d > 0 {
-		if p, err = s.WaitPort(r.Context(), pid, p.ID, ws, d); err != nil {
-			return err
-		}
-	}
-	return writeJSON(w, http.StatusCreated, capi.PortBody{Port: p})
-}
 
 // plan is one port being created.
 type plan struct {
@@ -67,13 +27,16 @@ type plan struct {
 }
 
 // CreatePorts validates and creates ports in project pid, all or nothing.
-func (s *Server) CreatePorts(ctx context.Context, pid string, ports []capi.Port) ([]capi.Port, error) {
+func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) ([]capi.Port, error) {
+	if err := s.requireProject(ctx, pid); err != nil {
+		return nil, err
+	}
 	plans := make([]*plan, len(ports))
 	ids := map[string]bool{}
 	macs := map[string]bool{}
 	for i := range ports {
 		p := ports[i]
-		if err := normalizePort(pid, &p); err != nil {
+		if err := NormalizePort(pid, &p); err != nil {
 			return nil, err
 		}
 		if ids[p.ID] {
@@ -183,7 +146,7 @@ func (s *Server) CreatePorts(ctx context.Context, pid string, ports []capi.Port)
 
 // reserve picks an address for every plan (refreshing the cache once when
 // it looks exhausted); on error every reservation is released.
-func (s *Server) reserve(ctx context.Context, plans []*plan) error {
+func (s *Core) reserve(ctx context.Context, plans []*plan) error {
 	for i, pl := range plans {
 		if pl.reserved {
 			continue
@@ -230,7 +193,7 @@ func (s *Server) reserve(ctx context.Context, plans []*plan) error {
 
 // createFailed releases reservations after a failed transaction and says
 // whether a retry can succeed, or returns the error for the caller.
-func (s *Server) createFailed(plans []*plan, err error) (bool, error) {
+func (s *Core) createFailed(plans []*plan, err error) (bool, error) {
 	var te *store.TxnError
 	isTxn := errors.As(err, &te)
 	retry := false
@@ -278,7 +241,7 @@ func (s *Server) createFailed(plans []*plan, err error) (bool, error) {
 
 // reloadTrackers re-reads the address bitmaps of the plans' subnets from
 // the store (reservations in flight are kept).
-func (s *Server) reloadTrackers(ctx context.Context, plans []*plan) error {
+func (s *Core) reloadTrackers(ctx context.Context, plans []*plan) error {
 	done := map[*subnetEntry]bool{}
 	for _, pl := range plans {
 		if done[pl.entry] {
@@ -294,7 +257,7 @@ func (s *Server) reloadTrackers(ctx context.Context, plans []*plan) error {
 
 // refreshPlans re-resolves plans whose subnet entry was dropped from the
 // cache (the subnet changed under a transaction).
-func (s *Server) refreshPlans(ctx context.Context, pid string, plans []*plan) error {
+func (s *Core) refreshPlans(ctx context.Context, pid string, plans []*plan) error {
 	for _, pl := range plans {
 		s.mu.Lock()
 		cur := s.subnets[subnetKey(pid, pl.entry.wire.ID)]
