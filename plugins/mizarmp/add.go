@@ -107,9 +107,11 @@ func cmdAdd(ctx context.Context, inv *invocation) (retErr error) {
 	}
 	subCh := make(chan subnetResult, 1)
 	go func() {
-		rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-		defer cancel()
-		s, err := inv.api.GetSubnet(rctx, c.Project, c.Subnet)
+		var s *subnet
+		err := inv.retry(ctx, "get subnet", c.reqTime, func(rctx context.Context) (err error) {
+			s, err = inv.api.GetSubnet(rctx, c.Project, c.Subnet)
+			return err
+		})
 		subCh <- subnetResult{s, err}
 	}()
 
@@ -157,43 +159,71 @@ func mayExist(err error) bool {
 
 // createPort POSTs the port with the long poll's query, so that the answer
 // normally comes once the agent has reported it UP (a controller that does
-// not wait on create answers PENDING; waitUp then long-polls). A conflict
-// means a port with our id survived an earlier ADD that never got its DEL
-// (a crash): it is replaced once.
+// not wait on create answers PENDING; waitUp then long-polls).
+//
+// A transient failure (controller restarting, connection lost) is retried
+// within the retry budget. Creation is idempotent because the port id is
+// derived from the attachment: when a retried POST finds a port with our id
+// that matches this attachment, it is the one our lost POST made, and it is
+// adopted. A conflict on the first POST means a port with our id survived
+// an earlier ADD that never got its DEL (a crash): it is replaced once.
 func createPort(ctx context.Context, inv *invocation, p port) (*port, error) {
 	c := inv.conf
-	for attempt := 0; ; attempt++ {
+	backoff := retryFirstBackoff
+	retried, replaced := false, false
+	for {
 		rctx, cancel := context.WithTimeout(ctx, c.upTimeout+c.reqTime)
 		created, err := inv.api.CreatePortWait(rctx, c.Project, p, statusUp, c.upTimeout)
 		cancel()
-		if err == nil {
+		switch {
+		case err == nil:
 			return created, nil
-		}
-		if attempt > 0 || !errors.Is(err, kerrors.Conflict) {
+		case transient(err):
+			if !inv.wait(ctx, backoff) {
+				return nil, fmt.Errorf("create port %s: %w", p.ID, err)
+			}
+			slog.Debug("retrying create after a transient controller error", "port", p.ID, "err", err)
+			backoff = min(2*backoff, retryMaxBackoff)
+			retried = true
+			continue
+		case !errors.Is(err, kerrors.Conflict):
 			return nil, fmt.Errorf("create port %s: %w", p.ID, err)
 		}
-		rctx, cancel = context.WithTimeout(ctx, c.reqTime)
-		old, gerr := inv.api.GetPort(rctx, c.Project, p.ID)
-		cancel()
+		var old *port
+		gerr := inv.retry(ctx, "get port", c.reqTime, func(rctx context.Context) (err error) {
+			old, err = inv.api.GetPort(rctx, c.Project, p.ID)
+			return err
+		})
 		if gerr != nil || old.DeviceID != p.DeviceID || old.BindingHostID != p.BindingHostID {
 			return nil, fmt.Errorf("create port %s: %w", p.ID, err)
 		}
+		if retried && old.NetworkID == p.NetworkID && old.VethName == p.VethName && old.NetworkNS == p.NetworkNS {
+			return old, nil // made by a POST of ours whose answer was lost
+		}
+		if replaced {
+			return nil, fmt.Errorf("create port %s: %w", p.ID, err)
+		}
 		slog.Warn("replacing stale port", "port", p.ID, "container", p.DeviceID)
-		rctx, cancel = context.WithTimeout(ctx, c.reqTime)
-		derr := inv.api.DeletePort(rctx, c.Project, p.ID)
-		cancel()
+		derr := inv.retry(ctx, "delete stale port", c.reqTime, func(rctx context.Context) error {
+			return inv.api.DeletePort(rctx, c.Project, p.ID)
+		})
 		if derr != nil && !errors.Is(derr, kerrors.NotFound) {
 			return nil, fmt.Errorf("delete stale port %s: %w", p.ID, derr)
 		}
+		replaced = true
 	}
 }
 
 // rollback deletes a port created by a failed ADD, on a fresh context so a
-// cancelled ADD still cleans up.
+// cancelled ADD still cleans up (retrying transient errors while the ADD's
+// retry budget lasts).
 func rollback(inv *invocation, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), inv.conf.reqTime)
+	ctx, cancel := context.WithTimeout(context.Background(), max(inv.conf.reqTime, time.Until(inv.retryUntil)))
 	defer cancel()
-	if err := inv.api.DeletePort(ctx, inv.conf.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
+	err := inv.retry(ctx, "rollback", inv.conf.reqTime, func(rctx context.Context) error {
+		return inv.api.DeletePort(rctx, inv.conf.Project, id)
+	})
+	if err != nil && !errors.Is(err, kerrors.NotFound) {
 		slog.Error("rollback: delete port", "port", id, "err", err)
 	}
 }
@@ -218,9 +248,11 @@ func waitUp(ctx context.Context, inv *invocation, p *port, deadline time.Time) (
 				kerrors.New(kerrors.Timeout, "waiting for UP"))
 		}
 		start := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, left+c.reqTime)
-		np, err := inv.api.WaitPort(rctx, c.Project, p.ID, statusUp, left)
-		cancel()
+		var np *port
+		err := inv.retry(ctx, "wait for port", left+c.reqTime, func(rctx context.Context) (err error) {
+			np, err = inv.api.WaitPort(rctx, c.Project, p.ID, statusUp, max(time.Until(deadline), time.Millisecond))
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("wait for port %s: %w", p.ID, err)
 		}

@@ -172,7 +172,7 @@ func (c *apiClient) do(ctx context.Context, label, method, path string, q url.Va
 		return c.netError(ctx, what, err)
 	}
 	if resp.status < 200 || resp.status > 299 {
-		return fmt.Errorf("%s: %w", what, httpError(resp.status, resp.body))
+		return fmt.Errorf("%s: %w", what, &httpStatusError{resp.status, httpError(resp.status, resp.body)})
 	}
 	if out == nil {
 		return nil
@@ -257,6 +257,17 @@ func (c *apiClient) netError(ctx context.Context, what string, err error) error 
 	}
 	return fmt.Errorf("%s: %w", what, kerrors.New(kerrors.Unavailable, "%v", err))
 }
+
+// httpStatusError is a non-2xx answer: the status code and the categorised
+// error httpError made of it (which already names the status when the
+// controller sent no error body).
+type httpStatusError struct {
+	status int
+	err    error
+}
+
+func (e *httpStatusError) Error() string { return e.err.Error() }
+func (e *httpStatusError) Unwrap() error { return e.err }
 
 // httpError turns a non-2xx answer into a categorised error: the
 // controller's {"error":{"type","message"}} when present, else by status.

@@ -59,9 +59,11 @@ func cmdCheck(ctx context.Context, inv *invocation) error {
 // lookupPort finds the attachment's port by its derived id, then by list.
 func lookupPort(ctx context.Context, inv *invocation) (*port, error) {
 	c, a := inv.conf, inv.args
-	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-	p, err := inv.api.GetPort(rctx, c.Project, portID(c, a.ContainerID, a.IfName))
-	cancel()
+	var p *port
+	err := inv.retry(ctx, "get port", c.reqTime, func(rctx context.Context) (err error) {
+		p, err = inv.api.GetPort(rctx, c.Project, portID(c, a.ContainerID, a.IfName))
+		return err
+	})
 	if err == nil {
 		return p, nil
 	}

@@ -16,7 +16,12 @@ import (
 const (
 	defaultUpTimeout      = time.Minute
 	defaultRequestTimeout = 10 * time.Second
-	maxIDLen              = 128
+	// defaultRetryBudget is how long transient controller errors are
+	// retried: 5 s below kurmad's 60 s limit on one plugin call (the
+	// shortest runtime timeout the plugin runs under; CRI runtimes allow
+	// 2 min), so that the last error, not a kill, ends a failed ADD.
+	defaultRetryBudget = 55 * time.Second
+	maxIDLen           = 128
 )
 
 // NetConf is the plugin's network configuration (spec 003 plus the standard
@@ -48,6 +53,7 @@ type NetConf struct {
 	base      *url.URL
 	upTimeout time.Duration
 	reqTime   time.Duration
+	retry     time.Duration
 }
 
 // Timeouts are Go duration strings ("60s", "500ms").
@@ -56,6 +62,11 @@ type Timeouts struct {
 	Up string `json:"up,omitempty"`
 	// Request bounds each single HTTP request (default 10s).
 	Request string `json:"request,omitempty"`
+	// Retry bounds, from the start of the verb, how long requests that
+	// failed transiently (controller unreachable, connection lost, HTTP
+	// 500/502/503) are retried with backoff (default 55s; "0s" never
+	// retries). STATUS never retries: it reports the controller as it is.
+	Retry string `json:"retry,omitempty"`
 }
 
 // fieldError is a configuration error that names the offending field. It
@@ -123,8 +134,13 @@ func (c *NetConf) validate() error {
 	if strings.ContainsAny(c.Token, "\r\n") {
 		return &fieldError{"token", "must not contain line breaks"}
 	}
-	c.upTimeout, c.reqTime = defaultUpTimeout, defaultRequestTimeout
+	c.upTimeout, c.reqTime, c.retry = defaultUpTimeout, defaultRequestTimeout, defaultRetryBudget
 	if c.Timeouts != nil {
+		if c.Timeouts.Retry == "0" || c.Timeouts.Retry == "0s" {
+			c.retry = 0
+		} else if c.retry, err = parseDuration(c.Timeouts.Retry, defaultRetryBudget); err != nil {
+			return &fieldError{"timeouts.retry", err.Error()}
+		}
 		if c.upTimeout, err = parseDuration(c.Timeouts.Up, defaultUpTimeout); err != nil {
 			return &fieldError{"timeouts.up", err.Error()}
 		}

@@ -41,9 +41,10 @@ func cmdDel(ctx context.Context, inv *invocation) error {
 }
 
 func deletePort(ctx context.Context, inv *invocation, id string) error {
-	rctx, cancel := context.WithTimeout(ctx, inv.conf.reqTime)
-	defer cancel()
-	if err := inv.api.DeletePort(rctx, inv.conf.Project, id); err != nil {
+	err := inv.retry(ctx, "delete port", inv.conf.reqTime, func(rctx context.Context) error {
+		return inv.api.DeletePort(rctx, inv.conf.Project, id)
+	})
+	if err != nil {
 		return fmt.Errorf("delete port %s: %w", id, err)
 	}
 	return nil
@@ -53,9 +54,11 @@ func deletePort(ctx context.Context, inv *invocation, id string) error {
 // interface.
 func findPorts(ctx context.Context, inv *invocation, containerID, ifName string) ([]port, error) {
 	c := inv.conf
-	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-	defer cancel()
-	ports, err := inv.api.ListPorts(rctx, c.Project, portFilter{HostID: c.HostID, DeviceID: containerID})
+	var ports []port
+	err := inv.retry(ctx, "list ports", c.reqTime, func(rctx context.Context) (err error) {
+		ports, err = inv.api.ListPorts(rctx, c.Project, portFilter{HostID: c.HostID, DeviceID: containerID})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list ports of %s: %w", containerID, err)
 	}

@@ -20,9 +20,11 @@ func cmdGC(ctx context.Context, inv *invocation) error {
 	for _, v := range c.ValidAttachments {
 		valid[attachment{v.ContainerID, v.IfName}] = true
 	}
-	rctx, cancel := context.WithTimeout(ctx, c.reqTime)
-	ports, err := inv.api.ListPorts(rctx, c.Project, portFilter{HostID: c.HostID, NetworkID: c.Subnet})
-	cancel()
+	var ports []port
+	err := inv.retry(ctx, "list ports", c.reqTime, func(rctx context.Context) (err error) {
+		ports, err = inv.api.ListPorts(rctx, c.Project, portFilter{HostID: c.HostID, NetworkID: c.Subnet})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("gc: list ports: %w", err)
 	}

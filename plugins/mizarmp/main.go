@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -89,6 +90,9 @@ type invocation struct {
 	conf *NetConf
 	cni  cniArgs
 	api  *apiClient
+	// retryUntil ends the retries of transient controller errors
+	// (timeouts.retry after the verb started).
+	retryUntil time.Time
 }
 
 // run parses the config and CNI_ARGS, builds the client, runs verb under the
@@ -111,9 +115,14 @@ func run(a *skel.CmdArgs, tr *tracer, verb func(context.Context, *invocation) er
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, (&fieldError{"mpurl", err.Error()}).Error(), "")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), conf.upTimeout+2*conf.reqTime)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), max(conf.upTimeout, conf.retry)+2*conf.reqTime)
 	defer cancel()
-	return cniError(verb(ctx, &invocation{args: a, conf: conf, cni: ca, api: api}))
+	inv := &invocation{args: a, conf: conf, cni: ca, api: api, retryUntil: start.Add(conf.retry)}
+	if os.Getenv("CNI_COMMAND") == "STATUS" {
+		inv.retryUntil = start
+	}
+	return cniError(verb(ctx, inv))
 }
 
 // newClient returns the plugin's controller client (api.go): no proxy

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -237,15 +239,23 @@ func TestUnreachableController(t *testing.T) {
 	}
 	url := "http://" + l.Addr().String()
 	_ = l.Close() // nothing listens there now
-	conf := stubConf(url, "1.1.0", "")
+	const budget = 300 * time.Millisecond
+	conf := stubConf(url, "1.1.0", `,"timeouts":{"retry":"`+budget.String()+`"}`)
 	for _, tt := range []struct {
 		cmd  string
 		code uint
 	}{{"ADD", types.ErrTryAgainLater}, {"DEL", types.ErrTryAgainLater}, {"STATUS", types.ErrPluginNotAvailable}, {"GC", types.ErrTryAgainLater}} {
 		t.Run(tt.cmd, func(t *testing.T) {
+			start := time.Now()
 			o := invoke(t, call{cmd: tt.cmd, cid: "c1", netns: "/x", ifname: "eth0", conf: conf})
+			took := time.Since(start)
 			if e := o.cniErr(t); e.Code != tt.code {
 				t.Fatalf("code %d (%s), want %d", e.Code, e.Msg, tt.code)
+			}
+			// Every verb but STATUS retries within the budget, and
+			// no longer.
+			if tt.cmd != "STATUS" && took < budget/2 || took > budget+5*time.Second {
+				t.Fatalf("%s gave up after %v, with a retry budget of %v", tt.cmd, took, budget)
 			}
 		})
 	}
@@ -410,4 +420,78 @@ func mustConf(t testing.TB, b []byte) *NetConf {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestAddRetriesTransientErrors: ADD retries what a restarting controller
+// answers (5xx, a dropped connection) within the retry budget, adopts the
+// port of a create whose answer was lost, and takes a 4xx as final.
+func TestAddRetriesTransientErrors(t *testing.T) {
+	tests := []struct {
+		name        string
+		failFirst   int // requests answered with status before serving
+		status      int
+		loseCreates int
+		retry       string
+		wantCode    uint // 0: success
+		wantPosts   int  // 0: any
+	}{
+		{"503 then served", 3, 503, 0, "", 0, 0},
+		{"500 then served", 2, 500, 0, "", 0, 0},
+		{"lost create adopted", 0, 0, 1, "", 0, 2},
+		{"budget spent", 1 << 30, 503, 0, "300ms", types.ErrTryAgainLater, 0},
+		{"no retry with budget 0", 1 << 30, 502, 0, "0s", types.ErrTryAgainLater, 1},
+		{"4xx is final", 1 << 30, 403, 0, "", types.ErrInvalidNetworkConfig, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStub(t)
+			s.loseCreates = tt.loseCreates
+			var mu sync.Mutex
+			failed := 0
+			s.fail = func(*http.Request) int {
+				mu.Lock()
+				defer mu.Unlock()
+				if failed < tt.failFirst {
+					failed++
+					return tt.status
+				}
+				return 0
+			}
+			extra := ""
+			if tt.retry != "" {
+				extra = `,"timeouts":{"retry":"` + tt.retry + `"}`
+			}
+			o := invoke(t, call{cmd: "ADD", cid: "c1", netns: "/x", ifname: "eth0", conf: stubConf(s.srv.URL, "1.1.0", extra)})
+			s.mu.Lock()
+			n := len(s.ports)
+			s.mu.Unlock()
+			if tt.wantCode == 0 {
+				if o.exit != 0 {
+					t.Fatalf("ADD: %s (requests %v)", o.stdout, s.requests())
+				}
+				if n != 1 {
+					t.Fatalf("%d ports after ADD, want 1", n)
+				}
+			} else {
+				if e := o.cniErr(t); e.Code != tt.wantCode {
+					t.Fatalf("code %d (%s), want %d", e.Code, e.Msg, tt.wantCode)
+				}
+				if n != 0 {
+					t.Fatalf("failed ADD left %d ports", n)
+				}
+			}
+			posts := 0
+			for _, r := range s.requests() {
+				if r == "POST /project/p1/ports" {
+					posts++
+				}
+				if strings.HasPrefix(r, "DELETE") && tt.wantCode == 0 {
+					t.Errorf("successful ADD deleted a port: %v", s.requests())
+				}
+			}
+			if tt.wantPosts != 0 && posts != tt.wantPosts {
+				t.Fatalf("%d POSTs, want %d: %v", posts, tt.wantPosts, s.requests())
+			}
+		})
+	}
 }

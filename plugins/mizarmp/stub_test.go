@@ -27,6 +27,12 @@ type stubController struct {
 	onCreate func(p *controllerapi.Port)
 	// longPoll: honour wait_status (false: answer at once, like spec 003).
 	longPoll bool
+	// fail, when set, answers a request with its status instead of
+	// serving it (0: serve).
+	fail func(r *http.Request) int
+	// loseCreates is how many creates are stored and then answered by
+	// closing the connection (a controller killed mid-request).
+	loseCreates int
 
 	mu    sync.Mutex // guards ports and log
 	ports map[string]*controllerapi.Port
@@ -90,6 +96,13 @@ func (s *stubController) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.log = append(s.log, r.Method+" "+r.URL.Path)
 	s.mu.Unlock()
+	if s.fail != nil {
+		if code := s.fail(r); code != 0 {
+			typ := map[int]string{403: "Unauthorized", 502: "Unavailable", 503: "Unavailable"}[code]
+			writeJSON(w, code, controllerapi.ErrorBody{Error: controllerapi.ErrorDetail{Type: typ, Message: "scripted failure"}})
+			return
+		}
+	}
 	base := "/project/" + s.project + "/"
 	if !strings.HasPrefix(r.URL.Path, base) {
 		notFound(w)
@@ -117,6 +130,10 @@ func (s *stubController) serve(w http.ResponseWriter, r *http.Request) {
 		p.FixedIPs = []controllerapi.FixedIP{{SubnetID: s.subnet.ID, IPAddress: fmt.Sprintf("10.77.0.%d", len(s.ports)+2)}}
 		s.ports[p.ID] = &p
 		created := p
+		lose := s.loseCreates > 0
+		if lose {
+			s.loseCreates--
+		}
 		s.mu.Unlock()
 		go func() {
 			s.mu.Lock()
@@ -126,6 +143,15 @@ func (s *stubController) serve(w http.ResponseWriter, r *http.Request) {
 			}
 			s.mu.Unlock()
 		}()
+		if lose {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				s.t.Errorf("hijack: %v", err)
+				return
+			}
+			_ = conn.Close()
+			return
+		}
 		if s.longPoll && r.URL.Query().Get("wait_status") != "" {
 			s.mu.Lock()
 			if q := s.waitLocked(r, p.ID); q != nil {

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/test/cniconformance"
@@ -72,7 +74,9 @@ func TestMizarmpConformance(t *testing.T) {
 				{Name: "bad-subnet-id", Config: []byte(strings.Replace(good, cp.Subnet, "../x", 1)), Code: types.ErrInvalidNetworkConfig},
 				{Name: "unknown-subnet", Config: []byte(strings.Replace(good, cp.Subnet, "kcni-no-such-subnet", 1)), Code: types.ErrInvalidNetworkConfig},
 				{Name: "unknown-project", Config: []byte(strings.Replace(good, cp.Project, "kcni-no-such-project", 1)), Code: types.ErrInvalidNetworkConfig},
-				{Name: "controller-down", Config: []byte(strings.Replace(good, cp.URL, "http://127.0.0.1:1", 1)), Code: types.ErrTryAgainLater},
+				// (a short retry budget: the default waits most of a minute)
+				{Name: "controller-down", Config: []byte(strings.Replace(strings.Replace(good, cp.URL, "http://127.0.0.1:1", 1),
+					`"hostId"`, `"timeouts":{"retry":"500ms"},"hostId"`, 1)), Code: types.ErrTryAgainLater},
 				{Name: "timeouts-not-duration", Config: []byte(strings.Replace(good, `"hostId"`, `"timeouts":{"up":7},"hostId"`, 1)), Code: types.ErrDecodingFailure},
 			}
 		},
@@ -91,4 +95,94 @@ func TestCNIToolMizarmp(t *testing.T) {
 		return ports
 	})
 	_ = fmt.Sprint()
+}
+
+// TestMizarmpControllerRestart kills the controller (SIGKILL) while 20
+// ADDs run in parallel and starts it again on the same address: every ADD
+// succeeds (the plugin retries within its budget and adopts the ports of
+// creates whose answers were lost), every attachment passes CHECK and
+// carries traffic, and the controller holds exactly the 20 ports, each with
+// its own address.
+func TestMizarmpControllerRestart(t *testing.T) {
+	cp, _ := startControlPlane(t)
+	bin := testutil.Bin(t, "mizarmp")
+	p := cniconformance.Plugin{
+		Type:      "mizarmp",
+		Path:      []string{filepath.Dir(bin)},
+		HostNetNS: true,
+		Config: func(testing.TB, string) []byte {
+			return cp.Conf("1.1.0", testutil.UniqueName("kcni"))
+		},
+	}
+	e := cniconformance.NewEnv(t, &p, "1.1.0")
+	const n = 20
+	cs := make([]*cniconformance.Container, n)
+	for i := range cs {
+		cs[i] = e.NewContainer()
+	}
+	t.Cleanup(func() {
+		for _, c := range cs {
+			if err := e.Del(c); err != nil {
+				t.Errorf("DEL %s: %v", c.ID, err)
+			}
+		}
+	})
+	results := make([]types.Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Go(func() { results[i], errs[i] = e.Add(c) })
+	}
+	// Restart once the controller has taken the first ports, while the
+	// rest are in flight.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ports, err := cp.Ports(t.Context())
+		if err == nil && len(ports) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no port was created within 30s (last error %v)", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := cp.RestartController(); err != nil {
+		t.Fatalf("restart controller: %v", err)
+	}
+	wg.Wait()
+	ips := map[string]int{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ADD %d during the restart: %v", i, err)
+		}
+		cniconformance.CheckResult(t, e.Version, results[i], cs[i])
+		if err := e.Check(cs[i]); err != nil {
+			t.Errorf("CHECK %d: %v", i, err)
+		}
+		r, err := types100.NewResultFromResult(results[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ip := r.IPs[0].Address.IP.String()
+		if j, dup := ips[ip]; dup {
+			t.Errorf("containers %d and %d both have %s", j, i, ip)
+		}
+		ips[ip] = i
+	}
+	ports, err := cp.Ports(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ports) != n {
+		t.Errorf("the controller holds %d ports for %d attachments:\n%s", len(ports), n, strings.Join(ports, "\n"))
+	}
+	// Traffic: container 0 reaches a TCP listener in each other one.
+	for ip, i := range ips {
+		if i == 0 {
+			continue
+		}
+		if err := cniconformance.DialBetween(cs[i].NetNS, cs[0].NetNS, ip); err != nil {
+			t.Errorf("container 0 to %d (%s): %v", i, ip, err)
+		}
+	}
 }

@@ -46,6 +46,9 @@ type Env struct {
 	HostID  string
 	opts    Options
 	procs   []proc
+	// ctl is the running controller; restarts counts RestartController.
+	ctl      *exec.Cmd
+	restarts int
 }
 
 type proc struct {
@@ -82,20 +85,9 @@ func Start(ctx context.Context, o Options) (_ *Env, retErr error) {
 			e.Close()
 		}
 	}()
-	ctl := exec.Command(o.ControllerBin, "--listen", "127.0.0.1:0",
-		"--store", "bolt:"+filepath.Join(o.TmpDir, "controller.db"), "--log-level", "info")
-	addr, err := e.startAndScan(ctl, filepath.Join(o.TmpDir, "controller.log"), func(line string) (string, bool) {
-		var m struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
-		}
-		if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "controller listening" {
-			return m.Addr, true
-		}
-		return "", false
-	})
+	addr, err := e.startController("127.0.0.1:0", "controller.log")
 	if err != nil {
-		return nil, fmt.Errorf("start controller: %w", err)
+		return nil, err
 	}
 	e.URL = "http://" + addr
 	if e.Client, err = controllerapi.New(e.URL); err != nil {
@@ -110,6 +102,46 @@ func Start(ctx context.Context, o Options) (_ *Env, retErr error) {
 		}
 	}
 	return e, nil
+}
+
+// startController runs the controller on listen (its store in TmpDir) and
+// returns the address it listens on.
+func (e *Env) startController(listen, logName string) (string, error) {
+	o := e.opts
+	ctl := exec.Command(o.ControllerBin, "--listen", listen,
+		"--store", "bolt:"+filepath.Join(o.TmpDir, "controller.db"), "--log-level", "info")
+	addr, err := e.startAndScan(ctl, filepath.Join(o.TmpDir, logName), func(line string) (string, bool) {
+		var m struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &m) == nil && m.Msg == "controller listening" {
+			return m.Addr, true
+		}
+		return "", false
+	})
+	if err != nil {
+		return "", fmt.Errorf("start controller: %w", err)
+	}
+	e.ctl = ctl
+	return addr, nil
+}
+
+// RestartController kills the controller with SIGKILL and starts it again
+// on the same address and store (its log then goes to controller-<n>.log).
+func (e *Env) RestartController() error {
+	for i, p := range e.procs {
+		if p.cmd != e.ctl {
+			continue
+		}
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		e.procs = append(e.procs[:i], e.procs[i+1:]...)
+		break
+	}
+	e.restarts++
+	_, err := e.startController(strings.TrimPrefix(e.URL, "http://"), fmt.Sprintf("controller-%d.log", e.restarts))
+	return err
 }
 
 // startAndScan starts cmd with stderr copied to logPath and returns what
@@ -219,7 +251,11 @@ func (e *Env) Ports(ctx context.Context) ([]string, error) {
 // Logs returns the processes' logs (for failure messages).
 func (e *Env) Logs() string {
 	var b strings.Builder
-	for _, f := range []string{"controller.log", "agent.log"} {
+	logs := []string{"controller.log", "agent.log"}
+	for i := 1; i <= e.restarts; i++ {
+		logs = append(logs, fmt.Sprintf("controller-%d.log", i))
+	}
+	for _, f := range logs {
 		if data, err := os.ReadFile(filepath.Join(e.opts.TmpDir, f)); err == nil {
 			fmt.Fprintf(&b, "== %s\n%s", f, data)
 		}
