@@ -23,12 +23,17 @@ TOOLS_CACHE := $(CACHE_ROOT)/tools-$(TOOLS_KEY)
 UPSTREAM_CNI := bridge host-local loopback portmap ptp macvlan ipvlan static tuning bandwidth firewall
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 
-.PHONY: all build binaries tools images deps test test-unit demo bench fuzz clean lint
+.PHONY: all build binaries tools images deps test-deps test test-unit demo bench fuzz clean lint
 
 all: build
 
+# deps: what kurmad and the demo need; test-deps adds the peers only the
+# tests and benchmarks use (podman, runc, containerd).
 deps:
 	@hack/install-deps.sh
+
+test-deps:
+	@hack/install-deps.sh test
 
 build: binaries tools images
 
@@ -68,7 +73,7 @@ images: binaries tools
 # run in parallel.
 HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manager \
 	kurma.dev/kurma/test/e2e kurma.dev/kurma/test/cniconformance
-test: deps build
+test: test-deps build
 	KURMA_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' ./... >/dev/null
 	KURMA_BIN_DIR=$(BIN) $(GO) test $(GO_TEST_FLAGS) $$($(GO) list ./... | grep -vxF $(HOST_PKGS:%=-e %))
 	KURMA_BIN_DIR=$(BIN) $(GO) test -p 1 $(GO_TEST_FLAGS) $(HOST_PKGS)
@@ -81,7 +86,7 @@ demo: deps build
 	@hack/demo.sh $(BIN)
 
 # Every benchmark under bench/ (each a main package printing its figures).
-bench: deps build
+bench: test-deps build
 	@for d in bench/*/; do echo "== $$d"; KURMA_BIN_DIR=$(BIN) $(GO) run ./$$d || exit 1; done
 
 # Short coverage-guided run of every fuzz target (FUZZTIME per target).
