@@ -23,18 +23,18 @@ type setDef struct {
 	name   string
 	isMap  bool
 	vmap   bool
-	decl   string // the nft declaration inside { }
+	decl   string // the nft type of key (and data)
 	keyLen int
 }
 
 var setDefs = [numSets]setDef{
-	setSvc:      {name: "services", isMap: true, vmap: true, keyLen: 28, decl: "typeof iifname . ip daddr . meta l4proto . th dport : verdict"},
-	setBackend:  {name: "backends", isMap: true, keyLen: 32, decl: "typeof iifname . ip daddr . meta l4proto . th dport . meta mark : ip daddr . th dport"},
-	setHairpin:  {name: "hairpin", keyLen: 8, decl: "typeof ip saddr . ip daddr"},
-	setFIPDNAT:  {name: "fip-dnat", isMap: true, keyLen: 4, decl: "typeof ip daddr : ip daddr"},
-	setFIPSNAT:  {name: "fip-snat", isMap: true, keyLen: 4, decl: "typeof ip saddr : ip saddr"},
-	setFIPPorts: {name: "fip-ports", keyLen: 4, decl: "typeof ip saddr"},
-	setFIPAddrs: {name: "fip-addrs", keyLen: 4, decl: "typeof ip daddr"},
+	setSvc:      {name: "services", isMap: true, vmap: true, keyLen: 28, decl: "ifname . ipv4_addr . inet_proto . inet_service : verdict"},
+	setBackend:  {name: "backends", isMap: true, keyLen: 32, decl: "ifname . ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service"},
+	setHairpin:  {name: "hairpin", keyLen: 8, decl: "ipv4_addr . ipv4_addr"},
+	setFIPDNAT:  {name: "fip-dnat", isMap: true, keyLen: 4, decl: "ipv4_addr : ipv4_addr"},
+	setFIPSNAT:  {name: "fip-snat", isMap: true, keyLen: 4, decl: "ipv4_addr : ipv4_addr"},
+	setFIPPorts: {name: "fip-ports", keyLen: 4, decl: "ipv4_addr"},
+	setFIPAddrs: {name: "fip-addrs", keyLen: 4, decl: "ipv4_addr"},
 }
 
 // elem names one element: its set and its key bytes.

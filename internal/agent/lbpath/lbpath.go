@@ -25,6 +25,18 @@ import (
 	"kurma.dev/kurma/internal/kerrors"
 )
 
+const (
+	// msgElems bounds the elements of one netlink message: their list is
+	// one attribute, whose length field has 16 bits.
+	msgElems = 256
+	// txOps bounds the element operations of one transaction; only a cold
+	// sync of tens of thousands of load balancers is split.
+	txOps = 60000
+	// sockBuf is the send buffer of our netlink socket: a transaction is
+	// one sendmsg.
+	sockBuf = 32 << 20
+)
+
 // Config configures a Path.
 type Config struct {
 	// HostNS is the path of the network namespace that plays the host;
@@ -116,7 +128,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 			p.Close()
 		}
 	}()
-	p.conn, err = nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
+	p.conn, err = nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting(), nftables.WithSockOptions(bigBuffers))
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: nftables netlink: %w", err)
 	}
@@ -184,12 +196,14 @@ func (p *Path) writeSkeleton(ctx context.Context) error {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("kurma-agent: load balancers and floating IPs")})
 	for _, d := range setDefs {
 		if d.isMap {
-			tx.Add(&knftables.Map{Name: d.name, TypeOf: strings.TrimPrefix(d.decl, "typeof ")})
+			tx.Add(&knftables.Map{Name: d.name, Type: d.decl})
 		} else {
-			tx.Add(&knftables.Set{Name: d.name, TypeOf: strings.TrimPrefix(d.decl, "typeof ")})
+			tx.Add(&knftables.Set{Name: d.name, Type: d.decl})
 		}
 	}
-	tx.Add(&knftables.Map{Name: "affinity", TypeOf: "ip saddr . ip daddr . meta l4proto . th dport : meta mark",
+	// Declared with types, not typeof: nft 1.0.6 fails to read back the
+	// typeof of some of these from the kernel when the table exists.
+	tx.Add(&knftables.Map{Name: "affinity", Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service : mark",
 		Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Size: knftables.PtrTo[uint64](1 << 20),
 		Timeout: knftables.PtrTo(3 * time.Hour)})
 	tx.Add(&knftables.Chain{Name: emptyChain, Comment: knftables.PtrTo("load balancers without members")})
@@ -419,48 +433,69 @@ func (p *Path) commit(ctx context.Context) error {
 		}
 	}
 
-	var dels, adds [numSets][]nftables.SetElement
-	type change struct {
+	type op struct {
 		e   elem
 		val string
 		del bool
 	}
-	var applied []change
+	var ops []op
 	for e := range p.pending {
 		w, wok := p.want[e]
 		h, hok := p.have[e]
 		if hok && (!wok || w.val != h) {
-			dels[e.set] = append(dels[e.set], nftables.SetElement{Key: []byte(e.key)})
-			applied = append(applied, change{e: e, del: true})
+			ops = append(ops, op{e: e, del: true})
 		}
 		if wok && (!hok || w.val != h) {
-			adds[e.set] = append(adds[e.set], p.element(e, w.val))
-			applied = append(applied, change{e: e, val: w.val})
+			ops = append(ops, op{e: e, val: w.val})
 		}
 	}
-	if len(applied) > 0 {
-		for s := range numSets {
-			for c := range slices.Chunk(dels[s], 1024) {
-				if err := p.conn.SetDeleteElements(p.sets[s], c); err != nil {
-					return fmt.Errorf("lbpath: %w", err)
-				}
+	// Deletions first (a replaced element is deleted, then added), grouped
+	// by set into messages of at most msgElems elements; one transaction
+	// unless the change is larger than txOps (only a cold sync is).
+	slices.SortFunc(ops, func(a, b op) int {
+		if a.del != b.del {
+			if a.del {
+				return -1
 			}
+			return 1
 		}
-		for s := range numSets {
-			for c := range slices.Chunk(adds[s], 1024) {
-				if err := p.conn.SetAddElements(p.sets[s], c); err != nil {
-					return fmt.Errorf("lbpath: %w", err)
+		return int(a.e.set) - int(b.e.set)
+	})
+	for len(ops) > 0 {
+		tx := ops[:min(len(ops), txOps)]
+		ops = ops[len(tx):]
+		for i := 0; i < len(tx); {
+			j := i + 1
+			for j < len(tx) && j-i < msgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
+				j++
+			}
+			els := make([]nftables.SetElement, 0, j-i)
+			for _, o := range tx[i:j] {
+				if o.del {
+					els = append(els, nftables.SetElement{Key: []byte(o.e.key)})
+				} else {
+					els = append(els, p.element(o.e, o.val))
 				}
 			}
+			var err error
+			if tx[i].del {
+				err = p.conn.SetDeleteElements(p.sets[tx[i].e.set], els)
+			} else {
+				err = p.conn.SetAddElements(p.sets[tx[i].e.set], els)
+			}
+			if err != nil {
+				return fmt.Errorf("lbpath: %w", err)
+			}
+			i = j
 		}
 		if err := p.conn.Flush(); err != nil {
-			return fmt.Errorf("lbpath: nft transaction of %d changes: %w", len(applied), err)
+			return fmt.Errorf("lbpath: nft transaction of %d changes: %w", len(tx), err)
 		}
-		for _, c := range applied {
-			if c.del {
-				delete(p.have, c.e)
+		for _, o := range tx {
+			if o.del {
+				delete(p.have, o.e)
 			} else {
-				p.have[c.e] = c.val
+				p.have[o.e] = o.val
 			}
 		}
 	}
@@ -522,7 +557,7 @@ func (p *Path) purge(drop func(tail string) bool) error {
 	if len(del) == 0 {
 		return nil
 	}
-	for c := range slices.Chunk(del, 1024) {
+	for c := range slices.Chunk(del, msgElems) {
 		if err := p.conn.SetDeleteElements(p.affSet, c); err != nil {
 			return fmt.Errorf("lbpath: %w", err)
 		}
@@ -728,6 +763,21 @@ func (p *Path) listRoutes() ([]netlink.Route, error) {
 	return nil, fmt.Errorf("lbpath: list routes: %w", netlink.ErrDumpInterrupted)
 }
 
+// bigBuffers lets one sendmsg carry a large transaction (the default
+// limit, wmem_max, is a few MiB) and the socket receive its acks.
+func bigBuffers(c *mnl.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sockBuf),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
+	})
+	return errors.Join(err, serr)
+}
+
 // verdictChain returns the chain a vmap element's verdict names.
 func verdictChain(b []byte) string {
 	ad, err := mnl.NewAttributeDecoder(b)
@@ -747,6 +797,13 @@ func cloneLB(l *LB) *LB {
 	c.Listeners = slices.Clone(l.Listeners)
 	c.Members = slices.Clone(l.Members)
 	return &c
+}
+
+// readKernelLocked is readKernel under mu.
+func (p *Path) readKernelLocked(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.readKernel(ctx)
 }
 
 // Counts reports how many elements the kernel holds per set and how many

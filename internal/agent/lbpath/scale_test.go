@@ -1,0 +1,64 @@
+package lbpath
+
+import (
+	"net/netip"
+	"strconv"
+	"testing"
+)
+
+func manyLBs(n int) State {
+	var st State
+	for i := range n {
+		st.LBs = append(st.LBs, LB{ID: "lb" + strconv.Itoa(i), Iface: bridge,
+			VIP:       netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}),
+			Listeners: []Listener{{Proto: TCP, Port: 80}},
+			Members:   []Member{{Addr: addr("10.0.0.11")}, {Addr: addr("10.0.0.12")}}})
+	}
+	return st
+}
+
+// TestSyncConverges: Sync grows and shrinks the table to exactly the given
+// state (transactions larger than one netlink attribute included), and a
+// fresh Path, as after a restart or kill -9, removes what its predecessor
+// left and the new state lacks.
+func TestSyncConverges(t *testing.T) {
+	tp := newTopo(t)
+	p := newPath(t, tp, "")
+	check := func(p *Path, n int) {
+		t.Helper()
+		c := p.Counts()
+		if c["services"] != n || c["backends"] != 2*n || c["hairpin"] != min(n, 1)*2 {
+			t.Fatalf("after sync of %d: %v", n, c)
+		}
+	}
+	for _, n := range []int{10, 3000, 7} {
+		if err := p.Sync(t.Context(), manyLBs(n)); err != nil {
+			t.Fatalf("%d: %v", n, err)
+		}
+		check(p, n)
+	}
+	if err := p.Sync(t.Context(), manyLBs(2000)); err != nil {
+		t.Fatal(err)
+	}
+	// "Restart": a new Path that knows nothing, given a smaller state with
+	// one load balancer changed.
+	_ = p.Close()
+	p2 := newPath(t, tp, "")
+	st := manyLBs(500)
+	st.LBs[3].Members = st.LBs[3].Members[:1]
+	if err := p2.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	c := p2.Counts()
+	if c["services"] != 500 || c["backends"] != 999 || c["chains"] != 2 {
+		t.Fatalf("after restart sync: %v", c)
+	}
+	// Counts are the mirror; read the kernel through a third Path.
+	p3 := newPath(t, tp, "")
+	if err := p3.readKernelLocked(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if c3 := p3.Counts(); c3["services"] != 500 || c3["backends"] != 999 || c3["chains"] != 2 {
+		t.Fatalf("kernel holds %v", c3)
+	}
+}
