@@ -114,7 +114,28 @@ func (s *Server) routes() {
 	h("GET /hosts/{id}", "host", s.getHost)
 	h("DELETE /hosts/{id}", "host", s.deleteHost)
 
+	h("POST /project/{pid}/loadbalancers", "loadbalancers", s.createLBs)
+	h("GET /project/{pid}/loadbalancers", "loadbalancers", s.listLBs)
+	h("GET /loadbalancers", "all_loadbalancers", s.listLBs)
+	h("GET /project/{pid}/loadbalancers/{id}", "loadbalancer", s.getLB)
+	h("PUT /project/{pid}/loadbalancers/{id}", "loadbalancer", s.updateLB)
+	h("DELETE /project/{pid}/loadbalancers/{id}", "loadbalancer", s.deleteLB)
+	h("PUT /project/{pid}/loadbalancers/{id}/members", "loadbalancer_members", s.setMembers)
+
+	h("POST /external-networks", "external_networks", s.createExtnet)
+	h("GET /external-networks", "external_networks", s.listExtnets)
+	h("GET /external-networks/{id}", "external_network", s.getExtnet)
+	h("DELETE /external-networks/{id}", "external_network", s.deleteExtnet)
+
+	h("POST /project/{pid}/floatingips", "floatingips", s.createFIP)
+	h("GET /project/{pid}/floatingips", "floatingips", s.listFIPs)
+	h("GET /floatingips", "all_floatingips", s.listFIPs)
+	h("GET /project/{pid}/floatingips/{id}", "floatingip", s.getFIP)
+	h("PUT /project/{pid}/floatingips/{id}", "floatingip", s.associateFIP)
+	h("DELETE /project/{pid}/floatingips/{id}", "floatingip", s.deleteFIP)
+
 	h("GET /watch/ports", "watch_ports", s.watchPorts)
+	h("GET /watch/loadbalancers", "watch_loadbalancers", s.watchLBs)
 	h("GET /watch/hosts", "watch_hosts", s.watchHosts)
 
 	s.mux.Handle("GET /metrics", s.authOnly(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))

@@ -40,6 +40,8 @@ type subnetEntry struct {
 	vpc     capi.VPC
 	sub     *ipam.Subnet
 	tracker *ipam.Tracker
+	key     string // store key of the subnet or external network, and cache key
+	ext     bool   // an external network
 	ipamPfx string // store prefix of the address bitmap blocks
 
 	loadMu sync.Mutex // serialises (re)loads of the tracker

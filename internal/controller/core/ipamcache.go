@@ -47,7 +47,7 @@ func (s *Core) subnet(ctx context.Context, pid, sid string) (*subnetEntry, int64
 		return nil, 0, fmt.Errorf("stored subnet %s: %w", sid, err)
 	}
 	sn.RevisionNumber = rev
-	e = &subnetEntry{wire: sn.Subnet, vpc: vpc, sub: sub, tracker: ipam.NewTracker(sub), ipamPfx: ipamPrefix(pid, sid)}
+	e = &subnetEntry{wire: sn.Subnet, vpc: vpc, sub: sub, tracker: ipam.NewTracker(sub), ipamPfx: ipamPrefix(pid, sid), key: k}
 	s.mu.Lock()
 	if cur := s.subnets[k]; cur != nil {
 		e = cur

@@ -98,14 +98,14 @@ func fipKey(pid, id string) string { return "svc/fip/" + pid + "/" + id }
 
 // extnetKey stores an external network; its address bitmap lives under
 // extIpamPrefix, apart from the subnets' "ipam/<pid>/<sid>/".
-func extnetKey(id string) string              { return "extnets/" + id }
-func extIpamPrefix(id string) string          { return "ipamx/" + id + "/" }
-func extFIPIdxKey(ext, pid, id string) string { return "idx/extfip/" + ext + "/" + pid + "/" + id }
+func extnetKey(id string) string     { return "extnets/" + id }
+func extIpamPrefix(id string) string { return "ipamx/" + id + "/" }
 
-// fipRefKey lists the floating IPs associated with a port (kind "port")
-// or a load balancer (kind "lb"). An association and the deletion of its
-// target both carry a condition on this key, so neither can miss the
-// other: no association outlives its target.
+// fipRefKey holds the id of the floating IP associated with a port (kind
+// "port") or a load balancer (kind "lb"); there is at most one. An
+// association and the deletion of its target both carry a condition on
+// this key, so neither can miss the other: no association outlives its
+// target.
 func fipRefKey(kind, pid, id string) string { return "fipref/" + kind + "/" + pid + "/" + id }
 
 // RequireProject checks that project pid exists, from the cache when it

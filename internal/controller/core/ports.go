@@ -135,7 +135,8 @@ func (s *Core) ListPorts(ctx context.Context, pid string, f capi.PortFilter) ([]
 	return out, err
 }
 
-// DeletePort deletes a port and releases its address and MAC.
+// DeletePort deletes a port, releases its address and MAC and
+// disassociates its floating IP, in one transaction.
 func (s *Core) DeletePort(ctx context.Context, pid, id string) error {
 	if err := s.requireProject(ctx, pid); err != nil {
 		return err
@@ -183,9 +184,13 @@ func (s *Core) DeletePort(ctx context.Context, pid, id string) error {
 		if p.Name != "" {
 			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpDelete, Key: nameIdxKey(pid, p.Name, id)})
 		}
+		if err := s.disassociateAll(ctx, &txn, "port", pid, id); err != nil {
+			return err
+		}
 		_, err = s.st.Txn(ctx, txn)
-		if txnFailedOn(err, k) {
-			continue // changed (status update) or deleted meanwhile: re-read
+		var te *store.TxnError
+		if errors.As(err, &te) {
+			continue // changed (status update, association) or deleted meanwhile: re-read
 		}
 		if err != nil {
 			return fmt.Errorf("delete port %s: %w", id, err)

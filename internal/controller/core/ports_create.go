@@ -15,15 +15,22 @@ import (
 // addresses or MACs were taken meanwhile (by another replica).
 const maxCreateTries = 16
 
-// plan is one port being created.
-type plan struct {
-	port      capi.Port
+// alloc is one address being allocated (for a port, a VIP or a floating
+// IP) from a cached subnet or external network.
+type alloc struct {
+	what      string // "port x", for errors
 	entry     *subnetEntry
-	subRev    int64
+	subRev    int64 // the revision of the subnet the transaction checks
 	requested bool  // the caller named the address
 	off       int64 // reserved offset
 	reserved  bool
-	genMAC    bool
+}
+
+// plan is one port being created.
+type plan struct {
+	alloc
+	port   capi.Port
+	genMAC bool
 }
 
 // CreatePorts validates and creates ports in project pid, all or nothing.
@@ -53,7 +60,7 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 		if err != nil {
 			return nil, err
 		}
-		pl := &plan{port: p, entry: e, subRev: rev, genMAC: p.MACAddress == ""}
+		pl := &plan{alloc: alloc{what: "port " + p.ID, entry: e, subRev: rev}, port: p, genMAC: p.MACAddress == ""}
 		if len(p.FixedIPs) > 0 && p.FixedIPs[0].IPAddress != "" {
 			off, err := e.sub.Request(p.FixedIPs[0].IPAddress)
 			if err != nil {
@@ -63,14 +70,16 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 		}
 		plans[i] = pl
 	}
-	for _, pl := range plans {
+	allocs := make([]*alloc, len(plans))
+	for i, pl := range plans {
+		allocs[i] = &pl.alloc
 		if err := s.loadTracker(ctx, pl.entry, false); err != nil {
 			return nil, err
 		}
 	}
 	ts := now()
 	for try := 0; ; try++ {
-		if err := s.reserve(ctx, plans); err != nil {
+		if err := s.reserve(ctx, allocs); err != nil {
 			return nil, err
 		}
 		txn := store.Txn{}
@@ -85,7 +94,7 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 			p.VPCID, p.VNI = pl.entry.vpc.ID, pl.entry.vpc.VNI
 			p.CreatedAt, p.UpdatedAt = ts, ts
 			pk := portKey(pid, p.ID)
-			sk := subnetKey(pid, pl.entry.wire.ID)
+			sk := pl.entry.key
 			if !seenSub[sk] {
 				seenSub[sk] = true
 				txn.Conds = append(txn.Conds, store.Cond{Kind: store.CondModRev, Key: sk, Rev: pl.subRev})
@@ -94,7 +103,7 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 			blk, bit := ipam.Block(pl.off)
 			txn.Ops = append(txn.Ops,
 				store.Op{Kind: store.OpPut, Key: pk, Value: mustJSON(p)},
-				store.Op{Kind: store.OpSetBit, Key: blockKey(pid, pl.entry.wire.ID, blk), Bit: bit, Size: ipam.BlockBytes},
+				store.Op{Kind: store.OpSetBit, Key: pl.entry.blockKey(blk), Bit: bit, Size: ipam.BlockBytes},
 				store.Op{Kind: store.OpPut, Key: macKey(p.MACAddress), Value: []byte(pk)})
 			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpPut, Key: vpcIdxKey(pid, p.VPCID, p.ID)})
 			if p.BindingHostID != "" {
@@ -120,7 +129,7 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 		}
 		retry, ferr := s.createFailed(plans, err)
 		if ferr == nil && retry && try < maxCreateTries {
-			if ferr = s.refreshPlans(ctx, pid, plans); ferr != nil {
+			if ferr = s.refreshAllocs(ctx, allocs); ferr != nil {
 				return nil, ferr
 			}
 			// Another writer got there first (most often: took the
@@ -128,7 +137,7 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 			// likely by more than one address when another replica
 			// allocates from it too: re-read it, or each retry would
 			// learn one taken address at a time.
-			if ferr = s.reloadTrackers(ctx, plans); ferr != nil {
+			if ferr = s.reloadTrackers(ctx, allocs); ferr != nil {
 				return nil, ferr
 			}
 		}
@@ -146,7 +155,7 @@ func (s *Core) CreatePorts(ctx context.Context, pid string, ports []capi.Port) (
 
 // reserve picks an address for every plan (refreshing the cache once when
 // it looks exhausted); on error every reservation is released.
-func (s *Core) reserve(ctx context.Context, plans []*plan) error {
+func (s *Core) reserve(ctx context.Context, plans []*alloc) error {
 	for i, pl := range plans {
 		if pl.reserved {
 			continue
@@ -163,7 +172,7 @@ func (s *Core) reserve(ctx context.Context, plans []*plan) error {
 				}
 			}
 			if err != nil {
-				err = fmt.Errorf("port %s: %w", pl.port.ID, err)
+				err = fmt.Errorf("%s: %w", pl.what, err)
 			}
 		} else {
 			off, ok := pl.entry.tracker.Reserve()
@@ -213,11 +222,11 @@ func (s *Core) createFailed(plans []*plan, err error) (bool, error) {
 			} else {
 				final = kerrors.New(kerrors.Conflict, "port %s: mac_address %s is in use", p.ID, p.MACAddress)
 			}
-		case te.Cond != nil && te.Cond.Key == subnetKey(p.ProjectID, pl.entry.wire.ID):
+		case te.Cond != nil && te.Cond.Key == pl.entry.key:
 			// The subnet changed (a delete started?): re-resolve and retry.
 			s.dropSubnet(te.Cond.Key)
 			retry = true
-		case te.Op != nil && te.Op.Key == blockKey(p.ProjectID, pl.entry.wire.ID, blk) && te.Op.Bit == bit:
+		case te.Op != nil && te.Op.Key == pl.entry.blockKey(blk) && te.Op.Bit == bit:
 			taken = true
 			if pl.requested {
 				final = kerrors.New(kerrors.Conflict, "port %s: address %s is in use", p.ID, pl.entry.sub.Addr(pl.off))
@@ -239,40 +248,47 @@ func (s *Core) createFailed(plans []*plan, err error) (bool, error) {
 	return retry, nil
 }
 
-// reloadTrackers re-reads the address bitmaps of the plans' subnets from
-// the store (reservations in flight are kept).
-func (s *Core) reloadTrackers(ctx context.Context, plans []*plan) error {
+// reloadTrackers re-reads the address bitmaps of the allocations' ranges
+// from the store (reservations in flight are kept).
+func (s *Core) reloadTrackers(ctx context.Context, allocs []*alloc) error {
 	done := map[*subnetEntry]bool{}
-	for _, pl := range plans {
-		if done[pl.entry] {
+	for _, a := range allocs {
+		if done[a.entry] {
 			continue
 		}
-		done[pl.entry] = true
-		if err := s.loadTracker(ctx, pl.entry, true); err != nil {
+		done[a.entry] = true
+		if err := s.loadTracker(ctx, a.entry, true); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// refreshPlans re-resolves plans whose subnet entry was dropped from the
-// cache (the subnet changed under a transaction).
-func (s *Core) refreshPlans(ctx context.Context, pid string, plans []*plan) error {
-	for _, pl := range plans {
+// refreshAllocs re-resolves allocations whose subnet entry was dropped
+// from the cache (the subnet changed under a transaction).
+func (s *Core) refreshAllocs(ctx context.Context, allocs []*alloc) error {
+	for _, a := range allocs {
 		s.mu.Lock()
-		cur := s.subnets[subnetKey(pid, pl.entry.wire.ID)]
+		cur := s.subnets[a.entry.key]
 		s.mu.Unlock()
-		if cur == pl.entry {
+		if cur == a.entry {
 			continue
 		}
-		e, rev, err := s.subnet(ctx, pid, pl.entry.wire.ID)
+		var e *subnetEntry
+		var rev int64
+		var err error
+		if a.entry.ext {
+			e, rev, err = s.extnet(ctx, a.entry.wire.ID)
+		} else {
+			e, rev, err = s.subnet(ctx, a.entry.wire.ProjectID, a.entry.wire.ID)
+		}
 		if err != nil {
-			return fmt.Errorf("port %s: %w", pl.port.ID, err)
+			return fmt.Errorf("%s: %w", a.what, err)
 		}
 		if err := s.loadTracker(ctx, e, false); err != nil {
 			return err
 		}
-		pl.entry, pl.subRev = e, rev
+		a.entry, a.subRev = e, rev
 	}
 	return nil
 }

@@ -80,6 +80,13 @@ func (s *Core) DeleteProject(ctx context.Context, id string) error {
 	if len(vpcs) > 0 {
 		return kerrors.New(kerrors.Conflict, "project %q still has %d VPC(s)", id, len(vpcs))
 	}
+	fips, _, err := s.st.List(ctx, "svc/fip/"+id+"/")
+	if err != nil {
+		return err
+	}
+	if len(fips) > 0 {
+		return kerrors.New(kerrors.Conflict, "project %q still has %d floating IP(s)", id, len(fips))
+	}
 	if _, err := s.st.Txn(ctx, store.Txn{Conds: []store.Cond{{Kind: store.CondModRev, Key: k, Rev: kv.ModRev}}, Ops: []store.Op{{Kind: store.OpDelete, Key: k}}}); err != nil {
 		if txnFailedOn(err, k) {
 			return kerrors.New(kerrors.Conflict, "project %q changed concurrently; retry", id)
