@@ -6,6 +6,8 @@ import (
 	"iter"
 	"maps"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"kurma.dev/kurma/internal/agent/lbpath"
@@ -48,13 +50,13 @@ type lbCache struct {
 	full      bool                  // the next sync is a full Sync
 	progLB    map[string]bool       // load balancers programmed here
 	progFIP   map[string]lbpath.FIP // floating IPs programmed here, as programmed
-	localVNIs map[uint32]bool       // VPCs with a local port at the last sync
+	localVNIs map[uint32]string     // VPCs with a local port at the last sync: their gateways
 }
 
 func newLBCache() lbCache {
 	return lbCache{lbs: map[string]*controllerapi.LoadBalancer{}, fips: map[string]*controllerapi.FloatingIP{},
 		dirtyLB: map[string]bool{}, dirtyFIP: map[string]bool{}, full: true,
-		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]bool{}}
+		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{}}
 }
 
 // lbEnabled reports whether the agent programs load balancers.
@@ -147,15 +149,17 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	bn := a.dp.(bridgeNamer)
 	a.mu.Lock()
 	c := &a.lb
-	local := map[uint32]bool{}
+	local := map[uint32]string{}
 	for _, p := range a.ports {
 		if a.isLocal(p) && p.VNI != 0 {
-			local[p.VNI] = true
+			local[p.VNI] = gatewayKey(a.gateways[p.VNI])
 		}
 	}
 	if !maps.Equal(local, c.localVNIs) {
 		for id, l := range c.lbs {
-			if local[l.VNI] != c.localVNIs[l.VNI] {
+			old, was := c.localVNIs[l.VNI]
+			now, is := local[l.VNI]
+			if was != is || old != now {
 				c.dirtyLB[id] = true
 			}
 		}
@@ -251,7 +255,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 // lbSpecLocked converts a load balancer this host must program: one of a
 // VPC with a local port. Callers hold a.mu.
 func (a *Agent) lbSpecLocked(l *controllerapi.LoadBalancer, bn bridgeNamer) (lbpath.LB, bool) {
-	if !a.lb.localVNIs[l.VNI] {
+	if _, ok := a.lb.localVNIs[l.VNI]; !ok {
 		return lbpath.LB{}, false
 	}
 	vip, err := netip.ParseAddr(l.VIPAddress)
@@ -259,6 +263,12 @@ func (a *Agent) lbSpecLocked(l *controllerapi.LoadBalancer, bn bridgeNamer) (lbp
 		return lbpath.LB{}, false
 	}
 	spec := lbpath.LB{ID: l.ID, Iface: bn.BridgeName(l.VNI), VIP: vip}
+	// A VIP inside a subnet of this host's bridge is ARPed for by its pods.
+	for gw := range a.gateways[l.VNI] {
+		if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(vip) {
+			spec.OnLink = true
+		}
+	}
 	for _, ls := range l.Listeners {
 		p := protoNumber(ls.Protocol)
 		if p == 0 || ls.Port < 1 || ls.Port > 65535 || ls.TargetPort < 0 || ls.TargetPort > 65535 {
@@ -319,6 +329,11 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 		return lbpath.FIP{}, false
 	}
 	return spec, spec.Validate() == nil
+}
+
+// gatewayKey is a VPC's gateway set as one comparable string.
+func gatewayKey(gws map[string]bool) string {
+	return strings.Join(slices.Sorted(maps.Keys(gws)), ",")
 }
 
 func protoNumber(p string) uint8 {

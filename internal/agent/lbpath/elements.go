@@ -17,6 +17,10 @@ const (
 	setFIPPorts        // set: port addresses with a fip (their egress may leave)
 	setFIPAddrs        // set: every fip answered here
 	numSets
+	// setRoute is not an nft set: its "elements" are the local routes
+	// (key: interface name, NUL, address) that make the host answer ARP
+	// for a FIP on the external interface or an on-link VIP on its bridge.
+	setRoute = numSets
 )
 
 type setDef struct {
@@ -118,6 +122,9 @@ func lbElems(l *LB, fronts []frontend, add func(e elem, val string)) {
 			}
 		}
 	}
+	if l.OnLink {
+		add(routeElem(l.Iface, l.VIP), "")
+	}
 	for _, m := range l.Members {
 		add(elem{setHairpin, string(putAddr(putAddr(nil, m.Addr), m.Addr))}, "")
 	}
@@ -125,13 +132,24 @@ func lbElems(l *LB, fronts []frontend, add func(e elem, val string)) {
 
 // fipElems returns the elements a FIP owns itself (a FIP of a load
 // balancer adds a frontend to it instead).
-func fipElems(f *FIP, add func(e elem, val string)) {
+func fipElems(f *FIP, ext string, add func(e elem, val string)) {
 	fa := string(putAddr(nil, f.Addr))
 	add(elem{setFIPAddrs, fa}, "")
+	add(routeElem(ext, f.Addr), "")
 	if f.PortAddr.IsValid() {
 		pa := string(putAddr(nil, f.PortAddr))
 		add(elem{setFIPDNAT, fa}, pa)
 		add(elem{setFIPSNAT, pa}, fa)
 		add(elem{setFIPPorts, pa}, "")
 	}
+}
+
+func routeElem(iface string, a netip.Addr) elem {
+	return elem{setRoute, iface + "\x00" + string(putAddr(nil, a))}
+}
+
+// routeOf splits a route element's key.
+func routeOf(e elem) (iface string, a netip.Addr) {
+	i := len(e.key) - 5
+	return e.key[:i], netip.AddrFrom4([4]byte([]byte(e.key[i+1:])))
 }

@@ -80,11 +80,18 @@ type Path struct {
 	pending   map[elem]bool   // keys whose kernel state may differ from want
 	chains    map[string]bool // pick chains that exist in the kernel
 	chainRefs map[string]int  // pick chain -> services elements that want it
-	routes    map[netip.Addr]bool
 	// affPurge holds the frontends (vip . proto . port, as in the
 	// affinity map's key) whose affinity entries must go: their load
 	// balancer was deleted or its members changed.
 	affPurge map[string]bool
+}
+
+// op is one change of the kernel: an element (or route) to add with val,
+// or to delete.
+type op struct {
+	e   elem
+	val string
+	del bool
 }
 
 type contrib struct {
@@ -113,7 +120,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
 		owned: map[string][]contrib{}, want: map[elem]*wantVal{}, have: map[elem]string{},
 		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
-		routes: map[netip.Addr]bool{}, affPurge: map[string]bool{}}
+		affPurge: map[string]bool{}}
 	nsPath := cfg.HostNS
 	if nsPath == "" {
 		nsPath = "/proc/self/ns/net"
@@ -322,7 +329,7 @@ func (p *Path) setFIP(f *FIP, touched map[string]bool) {
 	}
 	var cs []contrib
 	if p.cfg.ExtIface != "" {
-		fipElems(f, func(e elem, v string) { cs = append(cs, contrib{e, v}) })
+		fipElems(f, p.cfg.ExtIface, func(e elem, v string) { cs = append(cs, contrib{e, v}) })
 	}
 	p.setContrib("fip:"+f.ID, cs)
 }
@@ -433,13 +440,16 @@ func (p *Path) commit(ctx context.Context) error {
 		}
 	}
 
-	type op struct {
-		e   elem
-		val string
-		del bool
-	}
-	var ops []op
+	var ops, routeOps []op
 	for e := range p.pending {
+		if e.set == setRoute {
+			_, wok := p.want[e]
+			_, hok := p.have[e]
+			if wok != hok {
+				routeOps = append(routeOps, op{e: e, del: hok})
+			}
+			continue
+		}
 		w, wok := p.want[e]
 		h, hok := p.have[e]
 		if hok && (!wok || w.val != h) {
@@ -506,7 +516,7 @@ func (p *Path) commit(ctx context.Context) error {
 		}
 		clear(p.affPurge)
 	}
-	if err := p.syncRoutes(); err != nil {
+	if err := p.syncRoutes(routeOps); err != nil {
 		return err
 	}
 	var unused []string
@@ -598,48 +608,49 @@ func addPickChain(tx *knftables.Transaction, name string) error {
 	return nil
 }
 
-// syncRoutes makes the local routes on ExtIface exactly the wanted FIPs,
-// so the host answers ARP for them there and for nothing else.
-func (p *Path) syncRoutes() error {
-	want := map[netip.Addr]bool{}
-	for e := range p.want {
-		if e.set == setFIPAddrs {
-			want[netip.AddrFrom4([4]byte([]byte(e.key)))] = true
-		}
-	}
-	if len(want) == 0 && len(p.routes) == 0 {
-		return nil
-	}
-	link, err := p.nlh.LinkByName(p.cfg.ExtIface)
-	if err != nil {
-		return kerrors.New(kerrors.NotFound, "lbpath: external interface %s: %v", p.cfg.ExtIface, err)
-	}
+// syncRoutes adds and removes local routes: a FIP's on the external
+// interface, an on-link VIP's on its bridge. The kernel answers ARP for a
+// local address on every interface; the route also makes the host the
+// destination of what no DNAT rule claims, which the input chain rejects
+// for FIPs.
+func (p *Path) syncRoutes(ops []op) error {
 	var errs []error
-	for a := range p.routes {
-		if !want[a] {
-			if err := p.nlh.RouteDel(p.fipRoute(a, link.Attrs().Index)); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("delete route %v: %w", a, err))
-				continue
+	for _, o := range ops {
+		iface, a := routeOf(o.e)
+		link, err := p.nlh.LinkByName(iface)
+		if err != nil {
+			if o.del {
+				delete(p.have, o.e) // gone with its interface
+			} else {
+				errs = append(errs, fmt.Errorf("route %v on %s: %w", a, iface, err))
 			}
-			delete(p.routes, a)
+			continue
 		}
-	}
-	for a := range want {
-		if !p.routes[a] {
-			if err := p.nlh.RouteReplace(p.fipRoute(a, link.Attrs().Index)); err != nil {
-				errs = append(errs, fmt.Errorf("add route %v: %w", a, err))
+		r := p.localRoute(a, link.Attrs().Index)
+		if o.del {
+			if err := p.nlh.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("delete route %v on %s: %w", a, iface, err))
 				continue
 			}
-			p.routes[a] = true
+			delete(p.have, o.e)
+		} else {
+			if err := p.nlh.RouteReplace(r); err != nil {
+				errs = append(errs, fmt.Errorf("add route %v on %s: %w", a, iface, err))
+				continue
+			}
+			p.have[o.e] = ""
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("lbpath: fip routes: %w", errors.Join(errs...))
+		for _, o := range ops {
+			p.pending[o.e] = true
+		}
+		return fmt.Errorf("lbpath: local routes: %w", errors.Join(errs...))
 	}
 	return nil
 }
 
-func (p *Path) fipRoute(a netip.Addr, ix int) *netlink.Route {
+func (p *Path) localRoute(a netip.Addr, ix int) *netlink.Route {
 	return &netlink.Route{LinkIndex: ix, Dst: netlinkHost(a), Table: unix.RT_TABLE_LOCAL,
 		Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Protocol: netlink.RouteProtocol(p.cfg.RouteProtocol)}
 }
@@ -733,15 +744,20 @@ func (p *Path) readKernel(ctx context.Context) error {
 			p.chains[n] = true
 		}
 	}
-	p.routes = map[netip.Addr]bool{}
 	rs, err := p.listRoutes()
 	if err != nil {
 		return err
 	}
 	for _, r := range rs {
-		if a, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
-			p.routes[a] = true
+		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok {
+			continue
 		}
+		l, err := p.nlh.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		have[routeElem(l.Attrs().Name, a)] = ""
 	}
 	return nil
 }
@@ -811,9 +827,13 @@ func (p *Path) readKernelLocked(ctx context.Context) error {
 func (p *Path) Counts() map[string]int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[string]int{"chains": len(p.chains), "routes": len(p.routes)}
+	out := map[string]int{"chains": len(p.chains)}
 	for e := range p.have {
-		out[setDefs[e.set].name]++
+		if e.set == setRoute {
+			out["routes"]++
+		} else {
+			out[setDefs[e.set].name]++
+		}
 	}
 	return out
 }

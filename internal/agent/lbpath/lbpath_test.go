@@ -188,3 +188,24 @@ func TestFloatingIP(t *testing.T) {
 		t.Fatalf("proxy neighbours left: %s", neigh)
 	}
 }
+
+// TestOnLinkVIP: a VIP inside the pods' subnet is answered (ARP) by the
+// host and balanced like any other; deleting it removes its route.
+func TestOnLinkVIP(t *testing.T) {
+	tp := newTopo(t)
+	client := tp.pod(t, "client", "10.0.0.10")
+	serveWho(t, tp.pod(t, "m1", "10.0.0.11"), "10.0.0.11:8080", "m1")
+	p := newPath(t, tp, "")
+	l := webLB("10.0.0.11")
+	l.VIP, l.OnLink = addr("10.0.0.100"), true
+	if err := p.Apply(t.Context(), Changes{LBs: []LB{l}}); err != nil {
+		t.Fatal(err)
+	}
+	if name, err := who(client, "10.0.0.100:80"); err != nil || name != "m1" {
+		t.Fatalf("on-link VIP: got %q, %v", name, err)
+	}
+	if err := p.Apply(t.Context(), Changes{DeleteLBs: []string{"lb1"}}); err != nil {
+		t.Fatal(err)
+	}
+	assertEmpty(t, tp, p)
+}

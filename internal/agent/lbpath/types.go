@@ -28,6 +28,9 @@ type LB struct {
 	VIP       netip.Addr // IPv4
 	Listeners []Listener
 	Members   []Member
+	// OnLink: the VIP lies in a subnet on Iface, so clients ARP for it;
+	// the host answers (a local route for the VIP on Iface).
+	OnLink bool
 	// Affinity, when non-zero, pins a client address to the member it was
 	// first sent to, for this long after its last new connection.
 	Affinity time.Duration
