@@ -93,11 +93,11 @@ func runAgentBench(ctx context.Context, sizes []int, peerMax int, connects int) 
 		r.cold = time.Since(t0)
 		// Restart: a fresh Path (no memory of the kernel) converges on the
 		// same state: reads every element back, writes nothing.
+		t0 = time.Now()
 		p2, err := lbpath.New(ctx, lbpath.Config{HostNS: b.host, Table: abTable})
 		if err != nil {
 			return err
 		}
-		t0 = time.Now()
 		err = p2.Sync(ctx, st)
 		r.restart = time.Since(t0)
 		_ = p2.Close()
@@ -112,7 +112,7 @@ func runAgentBench(ctx context.Context, sizes []int, peerMax int, connects int) 
 			if err := p.Apply(ctx, lbpath.Changes{LBs: []lbpath.LB{l}}); err != nil {
 				return err
 			}
-			if err := waitElem(conn, abTable, "services", svcKeyBytes(l.Iface, l.VIP, lbpath.TCP, 80), true); err != nil {
+			if err := waitElem(conn, abTable, p.SetName("services"), svcKeyBytes(l.Iface, l.VIP, lbpath.TCP, 80), true); err != nil {
 				return err
 			}
 			adds = append(adds, time.Since(t0))
@@ -123,7 +123,7 @@ func runAgentBench(ctx context.Context, sizes []int, peerMax int, connects int) 
 				return err
 			}
 			k := append(svcKeyBytes(l.Iface, l.VIP, lbpath.TCP, 80), binary.NativeEndian.AppendUint32(nil, 1)...)
-			if err := waitElemVal(conn, abTable, "backends", k, l.Members[1].Addr); err != nil {
+			if err := waitElemVal(conn, abTable, p.SetName("backends"), k, l.Members[1].Addr); err != nil {
 				return err
 			}
 			mems = append(mems, time.Since(t0))
@@ -581,7 +581,8 @@ func iperf(ctx context.Context, server, bind, client, target string) (float64, e
 		return 0, fmt.Errorf("iperf3 to %s: %w: %s", target, err, out)
 	}
 	var res struct {
-		End struct {
+		Error string `json:"error"`
+		End   struct {
 			SumReceived struct {
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
@@ -589,6 +590,9 @@ func iperf(ctx context.Context, server, bind, client, target string) (float64, e
 	}
 	if err := json.Unmarshal(out, &res); err != nil {
 		return 0, err
+	}
+	if res.Error != "" || res.End.SumReceived.BitsPerSecond == 0 {
+		return 0, fmt.Errorf("iperf3 to %s: %q: %s", target, res.Error, out)
 	}
 	return res.End.SumReceived.BitsPerSecond / 1e9, nil
 }

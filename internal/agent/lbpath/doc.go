@@ -5,13 +5,16 @@
 // in seconds.
 //
 // Layout (`nft list table inet kurma-lb` shows all of it):
-//   - services, a verdict map keyed by iifname . VIP . protocol . port:
-//     one element per listener and frontend, pointing at a shared chain
-//     pick-N (or pick-N-aff-S with affinity) that sets the packet mark to
-//     a member index, or at chain "empty" that rejects (TCP reset, ICMP
-//     port unreachable) when a load balancer has no members. The base
-//     chain select-member looks this map up for new connections, at
-//     priority dstnat - 10.
+//   - services, a map keyed by iifname . VIP . protocol . port: one
+//     element per listener and frontend, giving a class (member count and
+//     affinity timeout). The base chain select-member (priority
+//     dstnat - 10) looks it up for new connections and jumps through the
+//     small verdict map classes to a shared chain pick-N (pick-N-aff-S
+//     with affinity) that sets the packet mark to a member index, or to
+//     chain "empty" that rejects (TCP reset, ICMP port unreachable) when a
+//     load balancer has no members. services holds data, not verdicts: a
+//     verdict element makes the kernel revalidate every element of its
+//     map at each commit.
 //   - backends, a map keyed by the same tuple plus the member index,
 //     giving member address . port; the nat-pre chain does one
 //     `dnat ip to ... map @backends`.
@@ -50,11 +53,20 @@
 // declared by nft, so nft prints them too. bench/README.md has the
 // measurements behind both choices.
 //
+// The data sets exist in two generations (services-a, services-b, ...).
+// Sync fills the unused generation from scratch over netlink, then one
+// nft transaction points the base chains at it and deletes the other:
+// traffic sees the old state or the new one, never a mix, and nothing
+// stale survives. Reading tens of thousands of elements back (or letting
+// nft load them, which `nft -f` and `nft list` do) costs the kernel
+// seconds; writing them costs less than one. Chains and sets are listed
+// through netlink for the same reason.
+//
 // Every Apply is one netlink transaction (plus, only when a member count
 // first appears or last disappears, one nft -f transaction for its pick
 // chain); it touches only the elements whose wanted value differs from
-// the mirror of the kernel. Sync reads every element, pick chain and FIP
-// route back from the kernel, and adds, replaces or removes what differs:
+// the mirror of the kernel. Sync rebuilds the elements as above and reads
+// pick chains and local routes back, adding and removing what differs:
 // after a restart or kill -9 the table equals the given state.
 //
 // Locking: Path.mu guards all mirrors and serialises transactions.

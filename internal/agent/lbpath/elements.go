@@ -9,7 +9,7 @@ import (
 
 // The sets and maps of the table, by index into setDefs.
 const (
-	setSvc      = iota // vmap: iifname . vip . proto . port -> goto pick chain (or empty)
+	setSvc      = iota // map: iifname . vip . proto . port -> class (member count, affinity)
 	setBackend         // map: iifname . vip . proto . port . index -> member . port
 	setHairpin         // set: member . member (a member reaching its own VIP)
 	setFIPDNAT         // map: fip -> port address
@@ -32,7 +32,7 @@ type setDef struct {
 }
 
 var setDefs = [numSets]setDef{
-	setSvc:      {name: "services", isMap: true, vmap: true, keyLen: 28, decl: "ifname . ipv4_addr . inet_proto . inet_service : verdict"},
+	setSvc:      {name: "services", isMap: true, keyLen: 28, decl: "ifname . ipv4_addr . inet_proto . inet_service : mark"},
 	setBackend:  {name: "backends", isMap: true, keyLen: 32, decl: "ifname . ipv4_addr . inet_proto . inet_service . mark : ipv4_addr . inet_service"},
 	setHairpin:  {name: "hairpin", keyLen: 8, decl: "ipv4_addr . ipv4_addr"},
 	setFIPDNAT:  {name: "fip-dnat", isMap: true, keyLen: 4, decl: "ipv4_addr : ipv4_addr"},
@@ -71,6 +71,30 @@ func affSeconds(d time.Duration) int64 {
 	return s
 }
 
+// A class names what a services element leads to: the member count in the
+// low 11 bits, the affinity timeout in seconds above them; 0 (no members)
+// is the empty chain. The classes verdict map sends each class in use to
+// its pick chain, so that services holds plain data: adding a verdict
+// element makes the kernel validate every element of its map at commit,
+// O(load balancers) per change.
+const classBits = 11
+
+func classOf(n int, aff time.Duration) uint32 {
+	if n == 0 {
+		return 0
+	}
+	c := uint32(n)
+	if aff > 0 {
+		c |= uint32(affSeconds(aff)) << classBits
+	}
+	return c
+}
+
+// chainOfClass is the pick chain of class c.
+func chainOfClass(c uint32) string {
+	return pickChain(int(c&(1<<classBits-1)), time.Duration(c>>classBits)*time.Second)
+}
+
 // Key encodings follow nft's: every field of a concatenation is padded to
 // 4 bytes; addresses and ports are big-endian, the mark host-endian.
 func putIfname(b []byte, name string) []byte {
@@ -103,7 +127,7 @@ type frontend struct {
 
 // lbElems returns the elements an LB owns for the given frontends.
 func lbElems(l *LB, fronts []frontend, add func(e elem, val string)) {
-	verdict := pickChain(len(l.Members), l.Affinity)
+	verdict := string(putMark(nil, classOf(len(l.Members), l.Affinity)))
 	for _, f := range fronts {
 		for _, ls := range l.Listeners {
 			k := svcKey(f.iface, f.addr, ls.Proto, ls.Port)

@@ -2,6 +2,7 @@ package lbpath
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,10 +32,10 @@ const (
 	msgElems = 256
 	// txOps bounds the element operations of one transaction; only a cold
 	// sync of tens of thousands of load balancers is split.
-	txOps = 60000
+	txOps = 400000
 	// sockBuf is the send buffer of our netlink socket: a transaction is
 	// one sendmsg.
-	sockBuf = 32 << 20
+	sockBuf = 64 << 20
 )
 
 // Config configures a Path.
@@ -84,6 +85,8 @@ type Path struct {
 	// affinity map's key) whose affinity entries must go: their load
 	// balancer was deleted or its members changed.
 	affPurge map[string]bool
+	gen     string // generation of the sets the rules use ("a" or "b")
+	syncing bool   // inside Sync: unused pick chains stay until the switch
 }
 
 // op is one change of the kernel: an element (or route) to add with val,
@@ -157,14 +160,68 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		return nil, fmt.Errorf("lbpath: nftables: %w", err)
 	}
 	p.tbl = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}
-	for i, d := range setDefs {
-		p.sets[i] = &nftables.Set{Table: p.tbl, Name: d.name, IsMap: d.isMap}
-	}
 	p.affSet = &nftables.Set{Table: p.tbl, Name: "affinity", IsMap: true, HasTimeout: true}
-	if err := p.writeSkeleton(ctx); err != nil {
+	p.gen = "a"
+	// Which generation of sets is in use: through netlink, as nft would
+	// load every element first.
+	tx := p.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	if err := p.runNft(ctx, tx); err != nil {
+		return nil, fmt.Errorf("lbpath: add table %s: %w", cfg.Table, err)
+	}
+	var maps []string
+	sets, err := p.conn.GetSets(p.tbl)
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: list sets: %w", err)
+	}
+	for _, s := range sets {
+		maps = append(maps, s.Name)
+	}
+	if slices.Contains(maps, setName(setSvc, "b")) && !slices.Contains(maps, setName(setSvc, "a")) {
+		p.gen = "b"
+	}
+	p.useGen(p.gen)
+	if err := p.writeSkeleton(ctx, p.gen, ""); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// setName is the name of set i in generation gen ("a" or "b"): Sync fills
+// the other generation and switches the rules to it in one transaction.
+func setName(i int, gen string) string { return setDefs[i].name + "-" + gen }
+
+// SetName is the current kernel name of one of the sets ("services",
+// "backends", ...).
+func (p *Path) SetName(base string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return base + "-" + p.gen
+}
+
+func (p *Path) useGen(gen string) {
+	p.gen = gen
+	for i, d := range setDefs {
+		p.sets[i] = &nftables.Set{Table: p.tbl, Name: setName(i, gen), IsMap: d.isMap}
+	}
+}
+
+func otherGen(g string) string {
+	if g == "a" {
+		return "b"
+	}
+	return "a"
+}
+
+// addSets adds the sets of generation gen to tx.
+func addSets(tx *knftables.Transaction, gen string) {
+	for i, d := range setDefs {
+		if d.isMap {
+			tx.Add(&knftables.Map{Name: setName(i, gen), Type: d.decl})
+		} else {
+			tx.Add(&knftables.Set{Name: setName(i, gen), Type: d.decl})
+		}
+	}
 }
 
 // Close releases the handles; the kernel state stays.
@@ -198,25 +255,23 @@ func (p *Path) runNft(ctx context.Context, tx *knftables.Transaction) error {
 // writeSkeleton adds the table, its sets and base chains, and rewrites
 // the base chains' rules. Adding what exists changes nothing, so this is
 // safe on a table a previous run left.
-func (p *Path) writeSkeleton(ctx context.Context) error {
+// With drop set, the sets of that generation are deleted in the same
+// transaction that points the rules at gen.
+func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 	tx := p.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("kurma-agent: load balancers and floating IPs")})
-	for _, d := range setDefs {
-		if d.isMap {
-			tx.Add(&knftables.Map{Name: d.name, Type: d.decl})
-		} else {
-			tx.Add(&knftables.Set{Name: d.name, Type: d.decl})
-		}
-	}
+	addSets(tx, gen)
 	// Declared with types, not typeof: nft 1.0.6 fails to read back the
 	// typeof of some of these from the kernel when the table exists.
 	tx.Add(&knftables.Map{Name: "affinity", Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service : mark",
 		Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Size: knftables.PtrTo[uint64](1 << 20),
 		Timeout: knftables.PtrTo(3 * time.Hour)})
+	tx.Add(&knftables.Map{Name: "classes", Type: "mark : verdict", Comment: knftables.PtrTo("class (member count, affinity) -> pick chain")})
 	tx.Add(&knftables.Chain{Name: emptyChain, Comment: knftables.PtrTo("load balancers without members")})
 	tx.Flush(&knftables.Chain{Name: emptyChain})
 	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "meta l4proto tcp reject with tcp reset"})
 	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "reject"})
+	tx.Add(&knftables.Element{Map: "classes", Key: []string{"0"}, Value: []string{"goto " + emptyChain}})
 
 	base := func(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority, rules ...string) {
 		tx.Add(&knftables.Chain{Name: name, Type: &typ, Hook: &hook, Priority: &prio})
@@ -228,26 +283,36 @@ func (p *Path) writeSkeleton(ctx context.Context) error {
 	ext := strconv.Quote(p.cfg.ExtIface)
 	svcTuple := "iifname . ip daddr . meta l4proto . th dport"
 	base("select-member", knftables.FilterType, knftables.PreroutingHook, "dstnat - 10",
-		"ct state new "+svcTuple+" vmap @"+setDefs[setSvc].name)
-	dnat := []string{"dnat ip to " + svcTuple + " . meta mark map @" + setDefs[setBackend].name}
-	snat := []string{"ct status dnat ip saddr . ip daddr @" + setDefs[setHairpin].name + " masquerade"}
+		"ct state new meta mark set "+svcTuple+" map @"+setName(setSvc, gen)+" meta mark vmap @classes")
+	dnat := []string{"dnat ip to " + svcTuple + " . meta mark map @" + setName(setBackend, gen)}
+	snat := []string{"ct status dnat ip saddr . ip daddr @" + setName(setHairpin, gen) + " masquerade"}
 	var fwd, input []string
 	if p.cfg.AcceptMark != 0 {
 		m := fmt.Sprintf("meta mark set meta mark | 0x%x", p.cfg.AcceptMark)
 		fwd = append(fwd, "ct status dnat "+m, "ct status snat "+m)
 	}
 	if p.cfg.ExtIface != "" {
-		dnat = append(dnat, "iifname "+ext+" dnat ip to ip daddr map @"+setDefs[setFIPDNAT].name)
-		snat = append(snat, "oifname "+ext+" snat ip to ip saddr map @"+setDefs[setFIPSNAT].name)
+		dnat = append(dnat, "iifname "+ext+" dnat ip to ip daddr map @"+setName(setFIPDNAT, gen))
+		snat = append(snat, "oifname "+ext+" snat ip to ip saddr map @"+setName(setFIPSNAT, gen))
 		if p.cfg.AcceptMark != 0 {
-			fwd = append(fwd, fmt.Sprintf("oifname %s ip saddr @%s meta mark set meta mark | 0x%x", ext, setDefs[setFIPPorts].name, p.cfg.AcceptMark))
+			fwd = append(fwd, fmt.Sprintf("oifname %s ip saddr @%s meta mark set meta mark | 0x%x", ext, setName(setFIPPorts, gen), p.cfg.AcceptMark))
 		}
-		input = append(input, "ip daddr @"+setDefs[setFIPAddrs].name+" reject")
+		input = append(input, "ip daddr @"+setName(setFIPAddrs, gen)+" reject")
 	}
 	base("nat-pre", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, dnat...)
 	base("nat-post", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, snat...)
 	base("filter-fwd", knftables.FilterType, knftables.ForwardHook, "filter - 10", fwd...)
 	base("filter-in", knftables.FilterType, knftables.InputHook, knftables.FilterPriority, input...)
+	if drop != "" {
+		addSets(tx, drop)
+		for i, d := range setDefs {
+			if d.isMap {
+				tx.Delete(&knftables.Map{Name: setName(i, drop)})
+			} else {
+				tx.Delete(&knftables.Set{Name: setName(i, drop)})
+			}
+		}
+	}
 	if err := p.runNft(ctx, tx); err != nil {
 		return fmt.Errorf("lbpath: write table %s: %w", p.cfg.Table, err)
 	}
@@ -402,12 +467,17 @@ func (p *Path) setContrib(owner string, cs []contrib) {
 }
 
 func (p *Path) chainRef(e elem, val string, d int) {
-	if e.set != setSvc || val == emptyChain {
+	if e.set != setSvc || len(val) != 4 {
 		return
 	}
-	p.chainRefs[val] += d
-	if p.chainRefs[val] <= 0 {
-		delete(p.chainRefs, val)
+	c := binary.NativeEndian.Uint32([]byte(val))
+	if c == 0 {
+		return
+	}
+	name := chainOfClass(c)
+	p.chainRefs[name] += d
+	if p.chainRefs[name] <= 0 {
+		delete(p.chainRefs, name)
 	}
 }
 
@@ -519,6 +589,14 @@ func (p *Path) commit(ctx context.Context) error {
 	if err := p.syncRoutes(routeOps); err != nil {
 		return err
 	}
+	if p.syncing {
+		return nil
+	}
+	return p.gcChains(ctx)
+}
+
+// gcChains deletes the pick chains no services element wants.
+func (p *Path) gcChains(ctx context.Context) error {
 	var unused []string
 	for c := range p.chains {
 		if p.chainRefs[c] == 0 {
@@ -528,6 +606,12 @@ func (p *Path) commit(ctx context.Context) error {
 	if len(unused) > 0 {
 		tx := p.nft.NewTransaction()
 		for _, c := range unused {
+			// Add first: deleting what a crash already removed fails.
+			if err := addPickChain(tx, c); err != nil {
+				return err
+			}
+			class, _ := classOfChain(c)
+			tx.Delete(&knftables.Element{Map: "classes", Key: []string{strconv.FormatUint(uint64(class), 10)}})
 			tx.Delete(&knftables.Chain{Name: c})
 		}
 		if err := p.runNft(ctx, tx); err != nil {
@@ -591,14 +675,18 @@ func addPickChain(tx *knftables.Transaction, name string) error {
 	if err != nil || n < 1 || n > MaxMembers {
 		return fmt.Errorf("lbpath: bad pick chain %q", name)
 	}
-	tx.Add(&knftables.Chain{Name: name})
-	tx.Flush(&knftables.Chain{Name: name})
-	pick := fmt.Sprintf("meta mark set numgen random mod %d", n)
+	secs := 0
 	if aff {
-		secs, err := strconv.Atoi(affStr)
-		if err != nil || secs < 1 {
+		if secs, err = strconv.Atoi(affStr); err != nil || secs < 1 {
 			return fmt.Errorf("lbpath: bad pick chain %q", name)
 		}
+	}
+	tx.Add(&knftables.Chain{Name: name})
+	tx.Flush(&knftables.Chain{Name: name})
+	defer tx.Add(&knftables.Element{Map: "classes", Key: []string{strconv.FormatUint(uint64(classOf(n, time.Duration(secs)*time.Second)), 10)},
+		Value: []string{"goto " + name}})
+	pick := fmt.Sprintf("meta mark set numgen random mod %d", n)
+	if aff {
 		key := "ip saddr . ip daddr . meta l4proto . th dport"
 		tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("meta mark set %s map @affinity meta mark < %d accept", key, n)})
 		tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s update @affinity { %s timeout %ds : meta mark } accept", pick, key, secs)})
@@ -606,6 +694,26 @@ func addPickChain(tx *knftables.Transaction, name string) error {
 	}
 	tx.Add(&knftables.Rule{Chain: name, Rule: pick + " accept"})
 	return nil
+}
+
+// classOfChain is the class a pick chain serves.
+func classOfChain(name string) (uint32, bool) {
+	rest, ok := strings.CutPrefix(name, "pick-")
+	if !ok {
+		return 0, false
+	}
+	nStr, affStr, aff := strings.Cut(rest, "-aff-")
+	n, err := strconv.Atoi(nStr)
+	if err != nil {
+		return 0, false
+	}
+	secs := 0
+	if aff {
+		if secs, err = strconv.Atoi(affStr); err != nil {
+			return 0, false
+		}
+	}
+	return classOf(n, time.Duration(secs)*time.Second), true
 }
 
 // syncRoutes adds and removes local routes: a FIP's on the external
@@ -686,16 +794,44 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	for id := range touched {
 		p.refreshLB(id)
 	}
-	if err := p.readKernel(ctx); err != nil {
+	// Reading tens of thousands of elements back takes the kernel seconds
+	// (a dump restarts its hash walk per message); writing them takes
+	// less. So the sets are flushed and refilled in the same transaction:
+	// atomic for traffic, and nothing stale can survive.
+	if err := p.read(ctx, false); err != nil {
 		return err
 	}
+	old, gen := p.gen, otherGen(p.gen)
+	tx := p.nft.NewTransaction()
+	addSets(tx, gen)
+	for i, d := range setDefs {
+		if d.isMap {
+			tx.Flush(&knftables.Map{Name: setName(i, gen)})
+		} else {
+			tx.Flush(&knftables.Set{Name: setName(i, gen)})
+		}
+	}
+	if err := p.runNft(ctx, tx); err != nil {
+		return fmt.Errorf("lbpath: prepare sets %s: %w", gen, err)
+	}
+	p.useGen(gen)
 	for e := range p.have {
 		p.pending[e] = true
 	}
 	for e := range p.want {
 		p.pending[e] = true
 	}
-	if err := p.commit(ctx); err != nil {
+	p.syncing = true
+	err := p.commit(ctx)
+	p.syncing = false
+	if err == nil {
+		err = p.writeSkeleton(ctx, gen, old)
+	}
+	if err != nil {
+		p.useGen(old)
+		return err
+	}
+	if err := p.gcChains(ctx); err != nil {
 		return err
 	}
 	keep := map[string]bool{}
@@ -714,34 +850,37 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 
 // readKernel refreshes the mirror of elements, pick chains and routes.
 func (p *Path) readKernel(ctx context.Context) error {
+	return p.read(ctx, true)
+}
+
+// read refreshes the mirror of pick chains and routes, and of elements
+// when elements is set (else the mirror holds no element).
+func (p *Path) read(ctx context.Context, elements bool) error {
 	have := map[elem]string{}
 	for s := range numSets {
+		if !elements {
+			break
+		}
 		els, err := p.conn.GetSetElements(p.sets[s])
 		if err != nil {
 			return fmt.Errorf("lbpath: list %s: %w", setDefs[s].name, err)
 		}
 		for _, el := range els {
 			val := string(el.Val)
-			if setDefs[s].vmap {
-				val = verdictChain(el.Val)
-			}
 			have[elem{uint8(s), string(el.Key)}] = val
 		}
 	}
 	p.have = have
-	var names []string
-	err := p.inHost(func() error {
-		var err error
-		names, err = p.nft.List(ctx, "chains")
-		return err
-	})
+	// Through netlink: `nft list chains` loads every element of the
+	// table first, seconds at tens of thousands.
+	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return fmt.Errorf("lbpath: list chains: %w", err)
 	}
 	p.chains = map[string]bool{}
-	for _, n := range names {
-		if strings.HasPrefix(n, "pick-") {
-			p.chains[n] = true
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == p.cfg.Table && strings.HasPrefix(c.Name, "pick-") {
+			p.chains[c.Name] = true
 		}
 	}
 	rs, err := p.listRoutes()
@@ -792,20 +931,6 @@ func bigBuffers(c *mnl.Conn) error {
 			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
 	})
 	return errors.Join(err, serr)
-}
-
-// verdictChain returns the chain a vmap element's verdict names.
-func verdictChain(b []byte) string {
-	ad, err := mnl.NewAttributeDecoder(b)
-	if err != nil {
-		return ""
-	}
-	for ad.Next() {
-		if ad.Type() == unix.NFTA_VERDICT_CHAIN {
-			return strings.TrimRight(string(ad.Bytes()), "\x00")
-		}
-	}
-	return ""
 }
 
 func cloneLB(l *LB) *LB {

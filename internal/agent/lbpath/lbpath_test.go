@@ -67,7 +67,7 @@ func TestLoadBalancer(t *testing.T) {
 		}
 	}
 	out := testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "list", "table", "inet", "lbt")
-	for _, want := range []string{`"lbtbr0" . 10.96.0.1 . tcp . 80 : goto pick-2`, "10.0.0.12 . 8080", "numgen random mod 2"} {
+	for _, want := range []string{`"lbtbr0" . 10.96.0.1 . tcp . 80 : 0x00000002`, "2 : goto pick-2", "10.0.0.12 . 8080", "numgen random mod 2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("nft list lacks %q:\n%s", want, out)
 		}
@@ -108,7 +108,8 @@ func assertEmpty(t *testing.T, tp *topo, p *Path) {
 		t.Fatal(err)
 	}
 	out := testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "list", "table", "inet", "lbt")
-	if strings.Contains(out, "elements") || strings.Contains(out, "pick-") {
+	// The only element left is the skeleton's class 0 -> empty.
+	if strings.Count(out, "elements") != 1 || !strings.Contains(out, ": goto empty }") || strings.Contains(out, "pick-") {
 		t.Fatalf("leftovers:\n%s", out)
 	}
 	routes := nettest.IP(t, tp.host, "route", "show", "table", "local", "proto", "76")
