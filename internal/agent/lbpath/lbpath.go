@@ -85,8 +85,8 @@ type Path struct {
 	// affinity map's key) whose affinity entries must go: their load
 	// balancer was deleted or its members changed.
 	affPurge map[string]bool
-	gen     string // generation of the sets the rules use ("a" or "b")
-	syncing bool   // inside Sync: unused pick chains stay until the switch
+	gen      string // generation of the sets the rules use ("a" or "b")
+	syncing  bool   // inside Sync: unused pick chains stay until the switch
 }
 
 // op is one change of the kernel: an element (or route) to add with val,
