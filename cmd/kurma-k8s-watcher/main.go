@@ -1,0 +1,124 @@
+// Command kurma-k8s-watcher turns Kubernetes pods into Kurma controller
+// ports (see internal/kube/watcher): one subnet per namespace, one port
+// per scheduled pod, its details in the pod's kurma.dev/pod-networks
+// annotation. Run two replicas with --leader-elect; only the lease holder
+// writes.
+//
+// It exits 0 on SIGTERM/SIGINT (releasing its lease) and 1 when it loses
+// the lease, so that its supervisor restarts it as a follower.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"kurma.dev/kurma/internal/kube/watcher"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kurma-k8s-watcher:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		kubeconfig    = flag.String("kubeconfig", "", "kubeconfig file (default: in-cluster config)")
+		controllerURL = flag.String("controller", "http://127.0.0.1:9696", "Kurma controller base URL")
+		tokenFile     = flag.String("token-file", "", "file holding the controller's bearer token")
+		project       = flag.String("project", "k8s", "controller project id of the cluster")
+		vpc           = flag.String("vpc", "k8s-pods", "controller VPC id of the cluster")
+		pool          = flag.String("pool", "10.32.0.0/11", "address pool namespace subnets are cut from")
+		subnetBits    = flag.Int("subnet-bits", 16, "prefix length of each namespace's subnet")
+		workers       = flag.Int("workers", 8, "keys synced in parallel")
+		resync        = flag.Duration("resync", time.Minute, "period of the full resync")
+		leaderElect   = flag.Bool("leader-elect", false, "elect a leader on a Lease (run 2 replicas)")
+		leaseNS       = flag.String("lease-namespace", "kube-system", "namespace of the leader Lease")
+		leaseName     = flag.String("lease-name", "kurma-k8s-watcher", "name of the leader Lease")
+		identity      = flag.String("identity", "", "this replica's identity in the Lease (default: $POD_NAME, else the hostname)")
+		leaseDuration = flag.Duration("lease-duration", 12*time.Second, "Lease duration (a dead leader is replaced after at most this + retry period)")
+		verbose       = flag.Bool("v", false, "debug logging")
+	)
+	flag.Parse()
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	pfx, err := netip.ParsePrefix(*pool)
+	if err != nil {
+		return fmt.Errorf("--pool %q: %w", *pool, err)
+	}
+	var rc *rest.Config
+	if *kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes config: %w", err)
+	}
+	rc.QPS, rc.Burst = 200, 400
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	var opts []controllerapi.Option
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		opts = append(opts, controllerapi.WithToken(strings.TrimSpace(string(b))))
+	}
+	ctl, err := controllerapi.New(*controllerURL, opts...)
+	if err != nil {
+		return err
+	}
+	cfg := watcher.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, Pool: pfx,
+		SubnetBits: *subnetBits, Workers: *workers, Resync: *resync, Logger: log}
+	if *leaderElect {
+		id := *identity
+		if id == "" {
+			id = os.Getenv("POD_NAME")
+		}
+		if id == "" {
+			if id, err = os.Hostname(); err != nil {
+				return fmt.Errorf("--identity not given and no hostname: %w", err)
+			}
+		}
+		d := *leaseDuration
+		cfg.Lease = &watcher.Lease{Namespace: *leaseNS, Name: *leaseName, Identity: id,
+			Duration: d, RenewDeadline: d * 2 / 3, RetryPeriod: max(d/6, time.Second)}
+	}
+	w, err := watcher.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("kurma-k8s-watcher starting", "controller", *controllerURL, "project", *project, "vpc", *vpc,
+		"pool", pfx, "leader_elect", *leaderElect)
+	err = w.Run(ctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	log.Info("kurma-k8s-watcher stopped", "err", err)
+	return err
+}

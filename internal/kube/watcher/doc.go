@@ -1,0 +1,44 @@
+// Package watcher is the Kubernetes side of pod networking (seed 002's
+// "Raven"): it follows Namespaces, Pods and Nodes through client-go shared
+// informers and keeps the Kurma controller's objects in step, in flat mode:
+//
+//   - one controller project and one VPC for the cluster, created if
+//     missing;
+//   - one subnet per namespace (by default a /16 from a configurable pool),
+//     id "ns-<namespace UID>", name the namespace's name; a namespace that
+//     is deleted (or replaced by another of the same name) has its subnet
+//     deleted once its ports are gone;
+//   - one port per scheduled, non-hostNetwork pod, id "pod-<pod UID>", so
+//     that a pod that comes back under the same name (a StatefulSet) gets a
+//     new port and one UID can never own two ports; bound to the host id
+//     of the pod's node (the Node's kurma.dev/host-id annotation, else the
+//     Node name); its details are patched into the pod's
+//     kurma.dev/pod-networks annotation (internal/kube/podnet) with the
+//     pod's UID as a precondition;
+//   - a pod that is deleted, or has finished (Succeeded/Failed), loses its
+//     port.
+//
+// Shape (sample-controller style): informer handlers only enqueue keys
+// ("n/<namespace>", "p/<namespace>/<name>", "u/<pod UID>", "resync") on a
+// rate-limited work queue; a fixed number of workers sync each key by
+// level from the listers and the controller, and failures are retried
+// with exponential backoff. A full resync (at start and every
+// Config.Resync) lists the controller's ports and subnets, deletes the
+// ports whose pod UID no longer has an eligible pod, and enqueues every
+// pod and namespace, so kill -9 at any moment followed by a restart
+// converges: ids are derived from UIDs, creates that find their object
+// existing adopt it, and annotations are rewritten from the port.
+//
+// Leader election: with Config.Lease set, only the holder of that Lease
+// (client-go leaderelection) runs workers and writes; other replicas keep
+// warm caches. Losing the lease ends Run with ErrLostLease (the process
+// exits and restarts as a follower).
+//
+// Locking: Watcher.mu guards the subnet cache and serialises address-range
+// allocation (two namespaces never get the same range); it is never held
+// across a Kubernetes call, and across controller calls only while
+// allocating.
+//
+// Imports: client-go, pkg/controllerapi, internal/kube/podnet and
+// internal/kerrors; never the controller's server or store, nor the agent.
+package watcher

@@ -1,0 +1,331 @@
+package watcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/workqueue"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// ErrLostLease ends Run when another replica took the lease.
+var ErrLostLease = errors.New("watcher: lost the leader lease")
+
+// Controller is the part of the controller API the watcher uses;
+// *controllerapi.Client implements it.
+type Controller interface {
+	GetProject(ctx context.Context, id string) (*controllerapi.Project, error)
+	CreateProject(ctx context.Context, p controllerapi.Project) (*controllerapi.Project, error)
+	GetVPC(ctx context.Context, projectID, id string) (*controllerapi.VPC, error)
+	CreateVPC(ctx context.Context, projectID string, v controllerapi.VPC) (*controllerapi.VPC, error)
+	GetSubnet(ctx context.Context, projectID, id string) (*controllerapi.Subnet, error)
+	ListSubnets(ctx context.Context, projectID, networkID string) ([]controllerapi.Subnet, error)
+	CreateSubnet(ctx context.Context, projectID string, s controllerapi.Subnet) (*controllerapi.Subnet, error)
+	DeleteSubnet(ctx context.Context, projectID, id string) error
+	GetPort(ctx context.Context, projectID, id string) (*controllerapi.Port, error)
+	ListPorts(ctx context.Context, projectID string, f controllerapi.PortFilter) ([]controllerapi.Port, error)
+	CreatePort(ctx context.Context, projectID string, p controllerapi.Port) (*controllerapi.Port, error)
+	DeletePort(ctx context.Context, projectID, id string) error
+}
+
+var _ Controller = (*controllerapi.Client)(nil)
+
+// Lease configures leader election on a coordination.k8s.io Lease.
+type Lease struct {
+	Namespace, Name string
+	// Identity names this replica (default: the hostname).
+	Identity string
+	// Duration, RenewDeadline and RetryPeriod are client-go's; defaults
+	// 12s, 8s and 2s, so a dead leader is replaced within ~14s.
+	Duration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Config configures a Watcher.
+type Config struct {
+	Kube       kubernetes.Interface
+	Controller Controller
+	// Project and VPC are the ids of the cluster's controller project and
+	// VPC; defaults "k8s" and "k8s-pods".
+	Project, VPC string
+	// Pool is the range namespace subnets are cut from (default
+	// 10.32.0.0/11), SubnetBits their prefix length (default 16).
+	Pool       netip.Prefix
+	SubnetBits int
+	// Workers is the number of keys synced in parallel (default 8).
+	Workers int
+	// Resync is the period of the full resync (default 60s).
+	Resync time.Duration
+	// Lease, when set, turns leader election on.
+	Lease  *Lease
+	Logger *slog.Logger
+}
+
+// Owner is the device_owner of every port the watcher creates.
+const Owner = "kurma.dev/k8s-watcher"
+
+// Watcher keeps controller objects in step with the cluster. Build it
+// with New and call Run once.
+type Watcher struct {
+	cfg  Config
+	kube kubernetes.Interface
+	c    Controller
+	log  *slog.Logger
+	q    workqueue.TypedRateLimitingInterface[string]
+
+	factory informers.SharedInformerFactory
+	pods    listersv1.PodLister
+	podIdx  cache.Indexer
+	nss     listersv1.NamespaceLister
+	nodes   listersv1.NodeLister
+	synced  []cache.InformerSynced
+
+	mu      sync.Mutex                       // guards subnets; held while allocating a range
+	subnets map[string]*controllerapi.Subnet // by namespace UID
+}
+
+const uidIndex = "uid"
+
+// New checks cfg and builds the informers (started by Run).
+func New(cfg Config) (*Watcher, error) {
+	if cfg.Kube == nil || cfg.Controller == nil {
+		return nil, kerrors.New(kerrors.Invalid, "watcher: a Kubernetes client and a controller client are required")
+	}
+	if cfg.Project == "" {
+		cfg.Project = "k8s"
+	}
+	if cfg.VPC == "" {
+		cfg.VPC = "k8s-pods"
+	}
+	if !cfg.Pool.IsValid() {
+		cfg.Pool = netip.MustParsePrefix("10.32.0.0/11")
+	}
+	if cfg.SubnetBits == 0 {
+		cfg.SubnetBits = 16
+	}
+	if cfg.SubnetBits < cfg.Pool.Bits() || cfg.SubnetBits > cfg.Pool.Addr().BitLen()-2 {
+		return nil, kerrors.New(kerrors.Invalid, "watcher: subnet size /%d does not fit pool %s", cfg.SubnetBits, cfg.Pool)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 8
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if l := cfg.Lease; l != nil {
+		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
+			return nil, kerrors.New(kerrors.Invalid, "watcher: lease namespace, name and identity are required")
+		}
+		if l.Duration <= 0 {
+			l.Duration = 12 * time.Second
+		}
+		if l.RenewDeadline <= 0 {
+			l.RenewDeadline = 8 * time.Second
+		}
+		if l.RetryPeriod <= 0 {
+			l.RetryPeriod = 2 * time.Second
+		}
+	}
+	w := &Watcher{
+		cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
+		q: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedMaxOfRateLimiter(
+				workqueue.NewTypedItemExponentialFailureRateLimiter[string](20*time.Millisecond, 30*time.Second),
+				&workqueue.TypedBucketRateLimiter[string]{Limiter: newLimiter()},
+			),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-watcher"}),
+		subnets: map[string]*controllerapi.Subnet{},
+	}
+	// No informer resync: the watcher's own full resync covers drift.
+	w.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
+	podInf := w.factory.Core().V1().Pods()
+	if err := podInf.Informer().AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			return []string{string(p.UID)}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("watcher: %w", err)
+	}
+	nsInf := w.factory.Core().V1().Namespaces()
+	nodeInf := w.factory.Core().V1().Nodes()
+	w.pods, w.podIdx = podInf.Lister(), podInf.Informer().GetIndexer()
+	w.nss, w.nodes = nsInf.Lister(), nodeInf.Lister()
+	w.synced = []cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+
+	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { w.onPod(o) },
+		UpdateFunc: func(_, o any) { w.onPod(o) },
+		DeleteFunc: func(o any) { w.onPodDelete(o) },
+	}); err != nil {
+		return nil, fmt.Errorf("watcher: %w", err)
+	}
+	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { w.onNamespace(o) },
+		UpdateFunc: func(_, o any) { w.onNamespace(o) },
+		DeleteFunc: func(o any) { w.onNamespace(o) },
+	}); err != nil {
+		return nil, fmt.Errorf("watcher: %w", err)
+	}
+	if _, err := nodeInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, o any) { w.onNodeUpdate(old, o) },
+	}); err != nil {
+		return nil, fmt.Errorf("watcher: %w", err)
+	}
+	return w, nil
+}
+
+// Run starts the informers, waits for their caches, and (as leader, when
+// a Lease is configured) sets up the project and VPC, runs a full resync
+// and the workers until ctx ends. It returns nil on cancellation.
+func (w *Watcher) Run(ctx context.Context) error {
+	defer w.q.ShutDown()
+	w.factory.Start(ctx.Done())
+	defer w.factory.Shutdown()
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, w.synced...) {
+		return ctx.Err()
+	}
+	if w.cfg.Lease == nil {
+		return w.lead(ctx)
+	}
+	l := w.cfg.Lease
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1ObjectMeta(l.Namespace, l.Name),
+		Client:     w.kube.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
+	}
+	var leadErr error
+	lost := false
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: l.Duration, RenewDeadline: l.RenewDeadline, RetryPeriod: l.RetryPeriod,
+		ReleaseOnCancel: true, Name: "kurma-k8s-watcher",
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				w.log.Info("leading", "identity", l.Identity)
+				leadErr = w.lead(ctx)
+				cancel()
+			},
+			OnStoppedLeading: func() {
+				if ctx.Err() == nil {
+					lost = true
+				}
+				cancel()
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watcher: leader election: %w", err)
+	}
+	le.Run(lctx)
+	switch {
+	case leadErr != nil:
+		return leadErr
+	case lost:
+		return ErrLostLease
+	}
+	return nil
+}
+
+// lead is the leader's part of Run.
+func (w *Watcher) lead(ctx context.Context) error {
+	if err := w.setup(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer w.q.ShutDown()
+	for range w.cfg.Workers {
+		wg.Go(func() { w.work(ctx) })
+	}
+	w.q.Add(resyncKey)
+	t := time.NewTicker(w.cfg.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			w.q.Add(resyncKey)
+		}
+	}
+}
+
+// setup makes sure the cluster's project and VPC exist, retrying while
+// the controller is unavailable.
+func (w *Watcher) setup(ctx context.Context) error {
+	delay := 100 * time.Millisecond
+	for {
+		err := w.ensureProjectVPC(ctx)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, kerrors.Invalid) || errors.Is(err, kerrors.Unauthorized) || ctx.Err() != nil {
+			return fmt.Errorf("watcher: setup: %w", err)
+		}
+		w.log.Warn("setup failed; retrying", "err", err, "in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func (w *Watcher) ensureProjectVPC(ctx context.Context) error {
+	if _, err := w.c.GetProject(ctx, w.cfg.Project); errors.Is(err, kerrors.NotFound) {
+		_, err = w.c.CreateProject(ctx, controllerapi.Project{ID: w.cfg.Project, Name: w.cfg.Project,
+			Description: "Kubernetes pods (kurma-k8s-watcher)"})
+		if err != nil && !errors.Is(err, kerrors.Conflict) {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	if _, err := w.c.GetVPC(ctx, w.cfg.Project, w.cfg.VPC); errors.Is(err, kerrors.NotFound) {
+		_, err = w.c.CreateVPC(ctx, w.cfg.Project, controllerapi.VPC{ID: w.cfg.VPC, Name: w.cfg.VPC,
+			CIDR: w.cfg.Pool.Masked().String(), Description: "Kubernetes pod network (flat mode)"})
+		if err != nil && !errors.Is(err, kerrors.Conflict) {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (w *Watcher) work(ctx context.Context) {
+	for {
+		key, quit := w.q.Get()
+		if quit {
+			return
+		}
+		err := w.sync(ctx, key)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			w.q.Forget(key)
+		default:
+			w.log.Warn("sync failed; retrying", "key", key, "err", err, "retries", w.q.NumRequeues(key))
+			w.q.AddRateLimited(key)
+		}
+		w.q.Done(key)
+	}
+}
