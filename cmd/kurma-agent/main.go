@@ -27,6 +27,7 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
@@ -61,6 +62,13 @@ func run() error {
 		lbTable       = flag.String("lb-nft-table", "kurma-lb", "name of the nftables inet table of load balancers and floating IPs")
 		extIface      = flag.String("external-interface", "", "interface toward the external network, where floating IPs are answered (empty: no floating IPs)")
 		verbose       = flag.Bool("v", false, "debug logging")
+
+		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
+		k8sKubeconfig = flag.String("k8s-kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
+		k8sSocket     = flag.String("k8s-cni-socket", cniwire.DefaultSocket, "Kubernetes mode: unix socket the kurma-k8s shim dials")
+		k8sTimeout    = flag.Duration("k8s-annotation-timeout", 10*time.Second, "Kubernetes mode: how long an ADD waits for the pod's annotation")
+		k8sBinDir     = flag.String("k8s-install-cni-bin-dir", "", "Kubernetes mode: install the kurma-k8s shim (found next to this binary) into this directory")
+		k8sConfDir    = flag.String("k8s-install-cni-conf-dir", "", "Kubernetes mode: write the kurma conflist into this directory")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -124,12 +132,33 @@ func run() error {
 	a, err := agent.New(agent.Config{
 		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
 		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, LB: lb, Logger: log,
+		LocalAttach: *k8sNode != "",
 	})
 	if err != nil {
 		return err
 	}
 	log.Info("kurma-agent starting", "host", *hostID, "controller", *controllerURL, "underlay_ip", ip)
-	err = a.Run(ctx)
+	if *k8sNode == "" {
+		err = a.Run(ctx)
+		log.Info("kurma-agent stopped", "err", err)
+		return err
+	}
+	d, err := newCNID(k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
+		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir}, a, log)
+	if err != nil {
+		return err
+	}
+	d.Restore() // before the agent's first sync, so that attached pods stay plugged
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- a.Run(ctx) }()
+	go func() { errc <- d.Run(ctx) }()
+	err = <-errc
+	cancel()
+	if err2 := <-errc; err == nil {
+		err = err2
+	}
 	log.Info("kurma-agent stopped", "err", err)
 	return err
 }

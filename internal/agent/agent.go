@@ -59,8 +59,12 @@ type Config struct {
 	// LB programs load balancers and floating IPs (optional: nil leaves
 	// them alone). It needs a controller that streams them and a datapath
 	// that names VPC bridges.
-	LB     LBPath
-	Logger *slog.Logger
+	LB LBPath
+	// LocalAttach: a port bound here without network_ns waits, unplugged,
+	// until Attach says where it goes (Kubernetes: internal/kube/cnid).
+	// Without it such a port is reported ERROR.
+	LocalAttach bool
+	Logger      *slog.Logger
 }
 
 // Agent reconciles this host's datapath with the controller. Build it with
@@ -72,7 +76,9 @@ type Agent struct {
 	log *slog.Logger
 	q   *queue
 
-	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb
+	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters
+	attach   map[string]Attachment            // local attachments by port id (LocalAttach)
+	waiters  map[string][]chan plugResult     // callers of Attach/Detach by port id
 	ports    map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
 	hosts    map[string]net.IP                // underlay address by host id
 	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
@@ -119,7 +125,8 @@ func New(cfg Config) (*Agent, error) {
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
-		lb: newLBCache(),
+		lb:     newLBCache(),
+		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{},
 	}, nil
 }
 

@@ -17,32 +17,56 @@ const maxReason = 400
 
 // syncPort makes one port's datapath state match the cache: plugged and
 // reported UP when it is bound here, unplugged otherwise.
-func (a *Agent) syncPort(ctx context.Context, id string) error {
+func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 	p, ok := a.cachedPort(id)
 	if !ok && !a.isSynced() {
 		// Not listed yet: absence means nothing. The first list ends with
 		// a full resync that comes back here.
 		return nil
 	}
-	if !ok || !a.isLocal(&p) {
+	// Callers of Attach/Detach learn the outcome; a port that is not (or
+	// no longer) here tells only a Detach (an Attach waits for it).
+	var res *plugResult
+	defer func() {
+		if res != nil {
+			if res.err == nil && retErr != nil {
+				res.err = retErr
+			}
+			a.notify(id, *res)
+		}
+	}()
+	if !ok || !a.isLocal(&p) || a.unattached(&p) {
 		err := a.dp.Unplug(ctx, id)
 		if errors.Is(err, kerrors.Conflict) || errors.Is(err, kerrors.Invalid) {
 			a.log.Warn("not unplugging a link we do not own", "port", id, "err", err)
-			return nil
+			err = nil
 		}
-		if err == nil && ok {
+		if err == nil && ok && !a.isLocal(&p) {
 			a.log.Debug("unplugged port moved away", "port", id)
+		}
+		if err == nil && ok && a.isLocal(&p) {
+			res = &plugResult{}
+			if p.VNI != 0 {
+				a.q.Add(vpcKey(p.VNI)) // it may have been the VPC's last port here
+			}
+			if p.Status != controllerapi.StatusPending {
+				err = a.report(ctx, &p, controllerapi.StatusDown, "not attached to a pod")
+			}
+		} else if !ok {
+			a.notifyDetached(id, err)
 		}
 		return err
 	}
 	spec, err := a.portSpec(ctx, &p)
 	if err != nil {
 		if errors.Is(err, kerrors.Invalid) {
+			res = &plugResult{err: err}
 			return a.report(ctx, &p, controllerapi.StatusError, err.Error())
 		}
 		return err
 	}
 	if gone, reason := netnsGone(spec.NetNS); gone {
+		res = &plugResult{err: kerrors.New(kerrors.NotFound, "%s", reason)}
 		if err := a.dp.Unplug(ctx, id); err != nil && !errors.Is(err, kerrors.Conflict) {
 			return err
 		}
@@ -66,6 +90,7 @@ func (a *Agent) syncPort(ctx context.Context, id string) error {
 	}
 	if err != nil {
 		a.forgetVPC(spec.VNI) // ensure it in full next time
+		res = &plugResult{err: err}
 		if gone, reason := netnsGone(spec.NetNS); gone {
 			return a.report(ctx, &p, controllerapi.StatusDown, reason)
 		}
@@ -84,6 +109,7 @@ func (a *Agent) syncPort(ctx context.Context, id string) error {
 	if needRemotes {
 		a.q.Add(vpcKey(spec.VNI))
 	}
+	res = &plugResult{plugged: true}
 	if spec.AdminDown {
 		return a.report(ctx, &p, controllerapi.StatusDown, "admin_state_up is false")
 	}
@@ -313,6 +339,7 @@ func (a *Agent) report(ctx context.Context, p *controllerapi.Port, status, reaso
 	a.mu.Lock()
 	if old := a.ports[np.ID]; old != nil && old.RevisionNumber <= np.RevisionNumber {
 		cp := *np
+		a.withAttachmentLocked(&cp)
 		a.ports[np.ID] = &cp
 	}
 	a.mu.Unlock()

@@ -123,6 +123,7 @@ func (a *Agent) upsertPort(p *controllerapi.Port) {
 		return
 	}
 	cp := *p
+	a.withAttachmentLocked(&cp)
 	a.ports[p.ID] = &cp
 	a.mu.Unlock()
 	if old != nil && !datapathChange(old, &cp) {

@@ -1,0 +1,402 @@
+package cnid
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+
+	"kurma.dev/kurma/internal/agent"
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/internal/kube/cniwire"
+	"kurma.dev/kurma/internal/kube/podnet"
+)
+
+// versions are the CNI versions the driver speaks.
+var versions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+func cniError(code uint, msg, details string) *types.Error {
+	return &types.Error{Code: code, Msg: msg, Details: details}
+}
+
+// errorResponse is the CNI error JSON (in the config's version) and exit
+// status 1.
+func errorResponse(cniVersion string, e *types.Error) cniwire.Response {
+	if !slices.Contains(versions, cniVersion) {
+		cniVersion = "1.1.0"
+	}
+	b, _ := json.Marshal(struct {
+		CNIVersion string `json:"cniVersion"`
+		*types.Error
+	}{cniVersion, e})
+	return cniwire.Response{ExitCode: 1, Stdout: append(b, '\n')}
+}
+
+// Handle runs one CNI invocation.
+func (d *Daemon) Handle(ctx context.Context, req *cniwire.Request) cniwire.Response {
+	var conf types.NetConf
+	cmd := req.Env["CNI_COMMAND"]
+	if cmd == "VERSION" {
+		b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "supportedVersions": versions})
+		return cniwire.Response{Stdout: append(b, '\n')}
+	}
+	if err := json.Unmarshal(req.Stdin, &conf); err != nil {
+		return errorResponse("", cniError(types.ErrDecodingFailure, "decode network config", err.Error()))
+	}
+	if !slices.Contains(versions, conf.CNIVersion) {
+		return errorResponse("", cniError(types.ErrIncompatibleCNIVersion, "incompatible CNI version",
+			fmt.Sprintf("config has %q; kurma-k8s speaks %v", conf.CNIVersion, versions)))
+	}
+	start := time.Now()
+	out, err := d.verb(ctx, cmd, req.Env, &conf, req.Stdin)
+	d.log.Debug("cnid: request", "cmd", cmd, "container", req.Env["CNI_CONTAINERID"], "took", time.Since(start), "err", err)
+	if err != nil {
+		var te *types.Error
+		if !errors.As(err, &te) {
+			te = cniError(types.ErrInternal, err.Error(), "")
+		}
+		if cmd == "ADD" || cmd == "DEL" {
+			d.log.Warn("cnid: request failed", "cmd", cmd, "args", req.Env["CNI_ARGS"], "code", te.Code, "msg", te.Msg, "details", te.Details)
+		}
+		return errorResponse(conf.CNIVersion, te)
+	}
+	return cniwire.Response{Stdout: out}
+}
+
+func (d *Daemon) verb(ctx context.Context, cmd string, env map[string]string, conf *types.NetConf, stdin []byte) ([]byte, error) {
+	switch cmd {
+	case "STATUS":
+		return nil, d.status()
+	case "GC":
+		return nil, d.gc(ctx, conf)
+	case "ADD", "DEL", "CHECK":
+	default:
+		return nil, cniError(types.ErrInvalidEnvironmentVariables, "CNI_COMMAND "+cmd+" is not supported", "")
+	}
+	cid, ifname, netnsPath := env["CNI_CONTAINERID"], env["CNI_IFNAME"], env["CNI_NETNS"]
+	if err := validContainerID(cid); err != nil {
+		return nil, cniError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+	}
+	if ifname == "" || len(ifname) > 15 || strings.ContainsAny(ifname, "/: \t\n") || ifname == "." || ifname == ".." {
+		return nil, cniError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_IFNAME %q is not an interface name", ifname), "")
+	}
+	if cmd == "DEL" {
+		return nil, d.del(ctx, cid+"_"+ifname)
+	}
+	if !strings.HasPrefix(netnsPath, "/") {
+		return nil, cniError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q: want an absolute path", netnsPath), "")
+	}
+	args, err := ParseArgs(env["CNI_ARGS"])
+	if err != nil {
+		return nil, cniError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+	}
+	if cmd == "CHECK" {
+		return nil, d.check(ctx, cid, ifname, netnsPath, args)
+	}
+	return d.add(ctx, conf, cid, ifname, netnsPath, args)
+}
+
+// annotationOf returns the pod's default network when its annotation is
+// there, made for this pod and bound to this host; otherwise why not.
+func (d *Daemon) annotationOf(p *corev1.Pod) (podnet.Network, *types.Error) {
+	v, ok := p.Annotations[podnet.Annotation]
+	if !ok {
+		return podnet.Network{}, cniError(cniwire.ErrAnnotationTimeout, "pod has no "+podnet.Annotation+" annotation", "")
+	}
+	nets, err := podnet.Decode(v)
+	if err != nil {
+		return podnet.Network{}, cniError(cniwire.ErrAnnotationTimeout, "pod annotation is invalid", err.Error())
+	}
+	n, _ := nets.Default()
+	if n.PodUID != string(p.UID) {
+		return n, cniError(cniwire.ErrUIDMismatch, "pod annotation was made for another pod UID",
+			fmt.Sprintf("annotation %s, pod %s", n.PodUID, p.UID))
+	}
+	if n.HostID != d.cfg.HostID {
+		return n, cniError(cniwire.ErrAnnotationTimeout, "pod's port is bound to another host",
+			fmt.Sprintf("port host %s, this host %s", n.HostID, d.cfg.HostID))
+	}
+	return n, nil
+}
+
+// waitAnnotation waits for the pod's annotation on the pod watch, polling
+// the API server as a fallback, up to the annotation timeout.
+func (d *Daemon) waitAnnotation(ctx context.Context, a PodArgs) (*corev1.Pod, podnet.Network, error) {
+	key := a.Namespace + "/" + a.Name
+	timer := time.NewTimer(d.cfg.AnnotationTimeout)
+	defer timer.Stop()
+	tick := time.NewTicker(d.cfg.PollInterval)
+	defer tick.Stop()
+	api := false
+	var why *types.Error
+	for {
+		ev := d.podEvent(key)
+		p, fromAPI, err := d.getPod(ctx, a.Namespace, a.Name, api)
+		api = false
+		switch {
+		case errors.Is(err, kerrors.NotFound):
+			d.dropPodEvent(key, ev)
+			return nil, podnet.Network{}, cniError(cniwire.ErrPodNotFound, err.Error(), "")
+		case err != nil:
+			why = cniError(cniwire.ErrAnnotationTimeout, "pod not readable", err.Error())
+		case a.UID != "" && string(p.UID) != a.UID:
+			if !fromAPI {
+				api = true // the cache may lag behind a replaced pod
+				d.dropPodEvent(key, ev)
+				continue
+			}
+			d.dropPodEvent(key, ev)
+			return nil, podnet.Network{}, cniError(cniwire.ErrUIDMismatch, "pod was replaced",
+				fmt.Sprintf("runtime's K8S_POD_UID %s, API's pod %s", a.UID, p.UID))
+		default:
+			n, e := d.annotationOf(p)
+			if e == nil {
+				d.dropPodEvent(key, ev)
+				return p, n, nil
+			}
+			why = e
+		}
+		select {
+		case <-ev:
+		case <-tick.C:
+			d.dropPodEvent(key, ev)
+			api = true
+		case <-timer.C:
+			d.dropPodEvent(key, ev)
+			why.Msg = fmt.Sprintf("after %s: %s", d.cfg.AnnotationTimeout, why.Msg)
+			return nil, podnet.Network{}, why
+		case <-ctx.Done():
+			d.dropPodEvent(key, ev)
+			return nil, podnet.Network{}, cniError(types.ErrTryAgainLater, "agent stopping", ctx.Err().Error())
+		}
+	}
+}
+
+func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netnsPath string, a PodArgs) (out []byte, retErr error) {
+	if conf.PrevResult != nil {
+		return nil, cniError(types.ErrInvalidNetworkConfig, "kurma-k8s must be the first plugin of its chain", "")
+	}
+	if _, err := os.Stat(netnsPath); err != nil {
+		return nil, cniError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS", err.Error())
+	}
+	pod, n, err := d.waitAnnotation(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	rec := &record{ContainerID: cid, IfName: ifname, NetNS: netnsPath, PortID: n.PortID,
+		Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID)}
+	if err := d.st.save(rec); err != nil {
+		return nil, cniError(types.ErrIOFailure, "save attachment", err.Error())
+	}
+	d.mu.Lock()
+	d.records[rec.key()] = rec
+	d.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			if err := d.del(context.WithoutCancel(ctx), rec.key()); err != nil {
+				d.log.Warn("cnid: rollback of failed ADD", "container", cid, "err", err)
+			}
+		}
+	}()
+	actx, cancel := context.WithTimeout(ctx, d.cfg.AttachTimeout)
+	defer cancel()
+	if _, err := d.cfg.Agent.Attach(actx, n.PortID, agent.Attachment{NetNS: netnsPath, IfName: ifname}); err != nil {
+		return nil, d.agentError("plug port "+n.PortID, err)
+	}
+	res, err := result(n, ifname, netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	vr, err := res.GetAsVersion(conf.CNIVersion)
+	if err != nil {
+		return nil, cniError(types.ErrIncompatibleCNIVersion, "convert result", err.Error())
+	}
+	var buf bytes.Buffer
+	if err := vr.PrintTo(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// agentError maps an agent failure to a CNI error: the controller being
+// out of reach is 103, anything else 104.
+func (d *Daemon) agentError(what string, err error) *types.Error {
+	synced := false
+	select {
+	case <-d.cfg.Agent.Synced():
+		synced = true
+	default:
+	}
+	if errors.Is(err, kerrors.Unavailable) || (!synced && errors.Is(err, context.DeadlineExceeded)) {
+		return cniError(cniwire.ErrControllerUnreachable, "Kurma controller unreachable", what+": "+err.Error())
+	}
+	return cniError(cniwire.ErrPlugFailed, "plug failed", what+": "+err.Error())
+}
+
+// result is the CNI 1.1 result for the pod's network.
+func result(n podnet.Network, ifname, netnsPath string) (*types100.Result, error) {
+	res := &types100.Result{CNIVersion: "1.1.0",
+		Interfaces: []*types100.Interface{{Name: ifname, Mac: n.MAC, Sandbox: netnsPath}}}
+	gws := map[bool]net.IP{}
+	for _, g := range n.Gateways {
+		a := netip.MustParseAddr(g)
+		gws[a.Is4()] = net.IP(a.AsSlice())
+	}
+	for _, p := range n.Prefixes() {
+		ipn := net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+		res.IPs = append(res.IPs, &types100.IPConfig{Interface: types100.Int(0), Address: ipn, Gateway: gws[p.Addr().Is4()]})
+		if gw := gws[p.Addr().Is4()]; gw != nil {
+			res.Routes = append(res.Routes, &types.Route{Dst: net.IPNet{IP: make(net.IP, len(ipn.IP)), Mask: net.CIDRMask(0, 8*len(ipn.IP))}, GW: gw})
+		}
+	}
+	for _, r := range n.Routes {
+		d := netip.MustParsePrefix(r.Dest)
+		rt := &types.Route{Dst: net.IPNet{IP: net.IP(d.Addr().AsSlice()), Mask: net.CIDRMask(d.Bits(), d.Addr().BitLen())}}
+		if r.NextHop != "" {
+			rt.GW = net.IP(netip.MustParseAddr(r.NextHop).AsSlice())
+		}
+		res.Routes = append(res.Routes, rt)
+	}
+	return res, nil
+}
+
+// del detaches and forgets one attachment; unknown is success.
+func (d *Daemon) del(ctx context.Context, key string) error {
+	d.mu.Lock()
+	rec := d.records[key]
+	shared := false
+	if rec != nil {
+		for k, o := range d.records {
+			if k != key && o.PortID == rec.PortID && o.NetNS != rec.NetNS && exists(o.NetNS) {
+				shared = true // a newer sandbox of the pod holds the port
+			}
+		}
+	}
+	d.mu.Unlock()
+	if rec == nil {
+		return nil
+	}
+	if !shared {
+		dctx, cancel := context.WithTimeout(ctx, d.cfg.AttachTimeout)
+		defer cancel()
+		if err := d.cfg.Agent.Detach(dctx, rec.PortID); err != nil {
+			return d.agentError("unplug port "+rec.PortID, err)
+		}
+	}
+	if err := d.st.remove(key); err != nil {
+		return cniError(types.ErrIOFailure, "remove attachment", err.Error())
+	}
+	d.mu.Lock()
+	delete(d.records, key)
+	d.mu.Unlock()
+	return nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// check compares the attachment with the pod's annotation and the
+// interface inside the namespace.
+func (d *Daemon) check(ctx context.Context, cid, ifname, netnsPath string, a PodArgs) error {
+	d.mu.Lock()
+	rec := d.records[cid+"_"+ifname]
+	d.mu.Unlock()
+	if rec == nil {
+		return cniError(cniwire.ErrPlugFailed, "no attachment for this container and interface", "")
+	}
+	p, _, err := d.getPod(ctx, a.Namespace, a.Name, false)
+	if err != nil {
+		if errors.Is(err, kerrors.NotFound) {
+			return cniError(cniwire.ErrPodNotFound, err.Error(), "")
+		}
+		return cniError(types.ErrTryAgainLater, "read pod", err.Error())
+	}
+	n, e := d.annotationOf(p)
+	if e != nil {
+		return e
+	}
+	if n.PortID != rec.PortID || rec.NetNS != netnsPath {
+		return cniError(cniwire.ErrPlugFailed, "attachment does not match the pod's port",
+			fmt.Sprintf("attached %s in %s, annotation %s", rec.PortID, rec.NetNS, n.PortID))
+	}
+	return ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+		l, err := netlink.LinkByName(ifname)
+		if err != nil {
+			return cniError(cniwire.ErrPlugFailed, "interface "+ifname+" missing", err.Error())
+		}
+		if !bytes.Equal(l.Attrs().HardwareAddr, n.HardwareAddr()) {
+			return cniError(cniwire.ErrPlugFailed, "interface MAC differs", l.Attrs().HardwareAddr.String()+" != "+n.MAC)
+		}
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			return cniError(cniwire.ErrPlugFailed, "interface "+ifname+" is down", "")
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return cniError(cniwire.ErrPlugFailed, "list addresses", err.Error())
+		}
+		for _, want := range n.Prefixes() {
+			if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool {
+				ones, _ := a.Mask.Size()
+				return a.IP.Equal(net.IP(want.Addr().AsSlice())) && ones == want.Bits()
+			}) {
+				return cniError(cniwire.ErrPlugFailed, "address "+want.String()+" missing on "+ifname, "")
+			}
+		}
+		return nil
+	})
+}
+
+// gc detaches every attachment the runtime no longer lists.
+func (d *Daemon) gc(ctx context.Context, conf *types.NetConf) error {
+	valid := map[string]bool{}
+	for _, v := range conf.ValidAttachments {
+		valid[v.ContainerID+"_"+v.IfName] = true
+	}
+	d.mu.Lock()
+	var stale []string
+	for k := range d.records {
+		if !valid[k] {
+			stale = append(stale, k)
+		}
+	}
+	d.mu.Unlock()
+	var errs []error
+	for _, k := range stale {
+		if err := d.del(ctx, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return cniError(cniwire.ErrPlugFailed, "gc", errors.Join(errs...).Error())
+	}
+	return nil
+}
+
+// status: ready once the pod watch has synced and the agent has listed
+// its ports.
+func (d *Daemon) status() error {
+	if !d.inf.HasSynced() {
+		return cniError(types.ErrPluginNotAvailable, "pod watch not synced yet", "")
+	}
+	select {
+	case <-d.cfg.Agent.Synced():
+		return nil
+	default:
+		return cniError(types.ErrPluginNotAvailable, "agent has not reached the Kurma controller yet", "")
+	}
+}

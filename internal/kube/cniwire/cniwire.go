@@ -1,0 +1,56 @@
+// Package cniwire is the message format between the kurma-k8s CNI shim
+// (plugins/kurma-k8s) and the node agent's CNI daemon (internal/kube/cnid)
+// over a unix socket: the shim writes one Request (the CNI_* environment
+// and the config from stdin) as JSON and half-closes; the daemon answers
+// one Response (what the plugin prints and its exit code) and closes.
+//
+// It also holds the plugin-specific CNI error codes, documented in
+// docs/kubernetes.md.
+//
+// Locking: none. This package imports only the standard library's
+// encoding/json, so that the shim stays small and quick to start.
+package cniwire
+
+// DefaultSocket is where the agent listens unless the network config's
+// "socket" says otherwise.
+const DefaultSocket = "/run/kurma/cni.sock"
+
+// MaxMessage bounds a request or response.
+const MaxMessage = 1 << 20
+
+// EnvKeys are the environment variables the shim forwards.
+var EnvKeys = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"}
+
+// Request is one CNI invocation.
+type Request struct {
+	Env   map[string]string `json:"env"`
+	Stdin []byte            `json:"stdin"`
+}
+
+// Response is what the plugin prints on stdout and its exit status.
+type Response struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   []byte `json:"stdout"`
+}
+
+// Plugin-specific CNI error codes (the CNI spec leaves 100 and up to
+// plugins). Spec codes the driver also uses: 4 (bad config), 7 (bad
+// CNI_* variables or CNI_ARGS), 11 (try again later: the agent is not
+// reachable), 50 (STATUS: not ready), 999 (internal).
+const (
+	// ErrAnnotationTimeout: the pod's kurma.dev/pod-networks annotation
+	// did not appear (for this pod UID and this host) in time.
+	ErrAnnotationTimeout = 100
+	// ErrPodNotFound: the API server has no pod of that namespace and name.
+	ErrPodNotFound = 101
+	// ErrUIDMismatch: the pod of that name has another UID than the
+	// runtime's K8S_POD_UID (it was replaced), or its annotation was made
+	// for another UID.
+	ErrUIDMismatch = 102
+	// ErrControllerUnreachable: the agent cannot reach the Kurma
+	// controller (no port list yet, or the UP report failed).
+	ErrControllerUnreachable = 103
+	// ErrPlugFailed: the agent could not plug the port into the pod's
+	// network namespace.
+	ErrPlugFailed = 104
+)

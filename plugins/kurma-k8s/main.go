@@ -1,0 +1,104 @@
+// Command kurma-k8s is the Kubernetes CNI driver of Kurma: a thin shim
+// that forwards each CNI invocation (its CNI_* environment and the network
+// config on stdin) over a unix socket to the node agent's CNI daemon
+// (internal/kube/cnid), and prints the daemon's answer with its exit
+// code. The agent does the work (reads the pod's kurma.dev/pod-networks
+// annotation from its watch cache, plugs the port, waits until UP), so no
+// Kubernetes client, netlink work or API round trip starts in each exec.
+//
+// VERSION is answered here, so that a runtime can probe the plugin while
+// the agent is down. An agent that cannot be reached is CNI error 11 (try
+// again later).
+//
+// Network config: {"cniVersion":"1.1.0","name":"kurma","type":"kurma-k8s",
+// "socket":"/run/kurma/cni.sock"} ("socket" optional).
+//
+// This package must stay small: it imports only the standard library and
+// internal/kube/cniwire (never client-go, netlink or the CNI libraries).
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"kurma.dev/kurma/internal/kube/cniwire"
+)
+
+// versions are the CNI versions the driver speaks.
+var versions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// timeout bounds a whole invocation, well below the kubelet's 4-minute
+// sandbox limit (the agent's own limits are shorter).
+const timeout = 90 * time.Second
+
+func main() {
+	os.Exit(run(os.Stdout))
+}
+
+func run(out io.Writer) int {
+	stdin, err := io.ReadAll(io.LimitReader(os.Stdin, cniwire.MaxMessage))
+	if err != nil {
+		return fail(out, "", 5, "read stdin", err.Error())
+	}
+	var conf struct {
+		CNIVersion string `json:"cniVersion"`
+		Socket     string `json:"socket"`
+	}
+	_ = json.Unmarshal(stdin, &conf) // the agent reports a bad config
+	if os.Getenv("CNI_COMMAND") == "VERSION" {
+		b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "supportedVersions": versions})
+		_, _ = out.Write(append(b, '\n'))
+		return 0
+	}
+	sock := conf.Socket
+	if sock == "" {
+		sock = cniwire.DefaultSocket
+	}
+	req := cniwire.Request{Env: map[string]string{}, Stdin: stdin}
+	for _, k := range cniwire.EnvKeys {
+		if v, ok := os.LookupEnv(k); ok {
+			req.Env[k] = v
+		}
+	}
+	resp, err := call(sock, &req)
+	if err != nil {
+		return fail(out, conf.CNIVersion, 11, "kurma agent not reachable", err.Error())
+	}
+	_, _ = out.Write(resp.Stdout)
+	return resp.ExitCode
+}
+
+// call sends one request and reads the answer.
+func call(sock string, req *cniwire.Request) (*cniwire.Response, error) {
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if err := json.NewEncoder(c).Encode(req); err != nil {
+		return nil, fmt.Errorf("send to %s: %w", sock, err)
+	}
+	if uc, ok := c.(*net.UnixConn); ok {
+		_ = uc.CloseWrite()
+	}
+	var resp cniwire.Response
+	if err := json.NewDecoder(io.LimitReader(c, cniwire.MaxMessage)).Decode(&resp); err != nil {
+		return nil, fmt.Errorf("answer from %s: %w", sock, err)
+	}
+	return &resp, nil
+}
+
+// fail prints CNI error JSON and returns the exit status 1.
+func fail(out io.Writer, cniVersion string, code int, msg, details string) int {
+	if cniVersion == "" {
+		cniVersion = "1.1.0"
+	}
+	b, _ := json.Marshal(map[string]any{"cniVersion": cniVersion, "code": code, "msg": msg, "details": details})
+	_, _ = out.Write(append(b, '\n'))
+	return 1
+}
