@@ -80,6 +80,10 @@ type Plugin struct {
 	// ErrorsHaveVersion: error JSON must carry "cniVersion" (spec 1.x;
 	// upstream skel omits it).
 	ErrorsHaveVersion bool
+	// Prepare, when set, readies each new container before its first
+	// use: e.g. sets its CNI_ARGS and creates the Kubernetes pod a
+	// Kubernetes driver looks up.
+	Prepare func(t testing.TB, c *Container)
 	// Tolerate marks known deviations: a state line that differs after the
 	// named check is logged, not failed, when it returns true. Use it only
 	// for documented upstream behaviour.
@@ -166,7 +170,11 @@ type Container struct {
 
 // NewContainer creates a netns for a new container (removed at cleanup).
 func (e *Env) NewContainer() *Container {
-	return &Container{ID: testutil.UniqueName("kcni") + testutil.UniqueName(""), NetNS: testutil.NewNetNS(e.t), IfName: "eth0"}
+	c := &Container{ID: testutil.UniqueName("kcni") + testutil.UniqueName(""), NetNS: testutil.NewNetNS(e.t), IfName: "eth0"}
+	if e.P.Prepare != nil {
+		e.P.Prepare(e.t, c)
+	}
+	return c
 }
 
 // RuntimeConf builds libcni's arguments for c; netns "" when c.NetNS is nil.

@@ -397,7 +397,7 @@ func checkUnknownArgs(t *testing.T, e *Env) {
 	}
 	e.List = list
 	c := e.NewContainer()
-	c.Args = [][2]string{{"IgnoreUnknown", "1"}, {"KURMA_UNKNOWN_ARG", "x"}}
+	c.Args = append(c.Args, [2]string{"IgnoreUnknown", "1"}, [2]string{"KURMA_UNKNOWN_ARG", "x"})
 	res, err := e.Add(c)
 	if err != nil {
 		t.Fatalf("ADD with unknown args: %v", err)

@@ -34,8 +34,8 @@ type Response struct {
 }
 
 // Plugin-specific CNI error codes (the CNI spec leaves 100 and up to
-// plugins). Spec codes the driver also uses: 4 (bad config), 7 (bad
-// CNI_* variables or CNI_ARGS), 11 (try again later: the agent is not
+// plugins). Spec codes the driver also uses: 4 (bad CNI_* variables or
+// CNI_ARGS), 5 (I/O), 6 (config not JSON), 7 (bad network config), 11 (try again later: the agent is not
 // reachable), 50 (STATUS: not ready), 999 (internal).
 const (
 	// ErrAnnotationTimeout: the pod's kurma.dev/pod-networks annotation
