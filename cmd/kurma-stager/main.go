@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -40,6 +41,11 @@ func main() {
 func run(ctx context.Context, stop func(), log *slog.Logger, role string, args []string) int {
 	fail := func(code int, err error) int {
 		fmt.Fprintf(os.Stderr, "kurma-stager %s: %v\n", role, err)
+		// A command that could not be executed: 126 or 127, as shells.
+		var ee *stager.ExecError
+		if errors.As(err, &ee) {
+			return ee.Code
+		}
 		return code
 	}
 	switch role {

@@ -19,7 +19,8 @@
 // A VPC whose last local port leaves is kept for Config.VPCLinger (the
 // binary's --vpc-linger, default 3s) before it is removed: CNI churn is
 // DEL then ADD on the same network, and recreating the bridge, VXLAN
-// device and nft rules cost the next ADD ~100 ms (bench/cni). While it
+// device and nft rules made the next ADD much slower (figures in
+// bench/README.md, "Figures behind design choices"). While it
 // lingers its remote entries are not kept current; the next local port's
 // plug queues a full VPC sync.
 //

@@ -40,7 +40,7 @@ func (s *Server) handlePull(w http.ResponseWriter, r *http.Request) {
 		Progress: func(p image.Progress) { send(PullEvent{Progress: &p}) },
 	})
 	if err != nil {
-		b := errorBody(fmt.Errorf("pull %s: %w", req.URI, err))
+		b := errorBody(err) // it names the URI
 		send(PullEvent{Error: &b.Error})
 		return
 	}

@@ -32,7 +32,7 @@ func (s *Server) handleCreatePod(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := s.pods.Create(r.Context(), req.Spec)
 	if err != nil {
-		s.writeError(w, r, fmt.Errorf("create pod: %w", err))
+		s.writeError(w, r, err) // the pod manager's error says "create pod NAME"
 		return
 	}
 	s.writeJSON(w, http.StatusCreated, p)
@@ -105,7 +105,7 @@ func (s *Server) handleStopPod(w http.ResponseWriter, r *http.Request) {
 		grace = time.Duration(req.GraceSeconds) * time.Second
 	}
 	if err := s.pods.Stop(r.Context(), r.PathValue("ref"), grace); err != nil {
-		s.writeError(w, r, fmt.Errorf("stop pod: %w", err))
+		s.writeError(w, r, err) // the pod manager names the pod
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -118,7 +118,7 @@ func (s *Server) handleRemovePod(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.pods.Remove(r.Context(), r.PathValue("ref"), force); err != nil {
-		s.writeError(w, r, fmt.Errorf("remove pod: %w", err))
+		s.writeError(w, r, err) // the pod manager names the pod
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

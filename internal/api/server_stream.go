@@ -156,7 +156,7 @@ func (s *Server) runPod(w http.ResponseWriter, r *http.Request, req *CreatePodRe
 	t0 := time.Now()
 	p, err := s.pods.Create(r.Context(), req.Spec)
 	if err != nil {
-		s.writeError(w, r, fmt.Errorf("create pod: %w", err))
+		s.writeError(w, r, err) // the pod manager's error says "create pod NAME"
 		return
 	}
 	tCreate := time.Since(t0)

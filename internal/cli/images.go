@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -86,15 +87,23 @@ func newImageCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := e.client()
 			defer c.Close()
-			var out []*image.Image
+			// Like podman: what was found is printed, the rest fails.
+			out := []*image.Image{}
+			var errs []error
 			for _, ref := range args {
 				img, err := c.GetImage(cmd.Context(), ref)
 				if err != nil {
-					return err
+					errs = append(errs, err)
+					continue
 				}
 				out = append(out, img)
 			}
-			return printJSON(e.stdout, out)
+			if len(out) > 0 {
+				if err := printJSON(e.stdout, out); err != nil {
+					return err
+				}
+			}
+			return errors.Join(errs...)
 		},
 	}
 	cmd.AddCommand(pull, ls, rm, inspect)

@@ -13,13 +13,16 @@ import (
 
 	apiclient "kurma.dev/kurma/internal/api/client"
 	"kurma.dev/kurma/internal/api/wire"
-	"kurma.dev/kurma/internal/kerrors"
 )
 
-// Exit codes of kurma (besides a command's own code from run and exec).
+// Exit codes of kurma (besides a command's own code from run and exec),
+// those of docker and podman: 125 when kurma or the daemon fails (a name
+// not found included), 126 when an app's command cannot be executed, 127
+// when it does not exist, 130 when interrupted.
 const (
 	ExitError       = 125
-	ExitNotFound    = 124
+	ExitCannotExec  = 126
+	ExitNotFound    = 127
 	ExitInterrupted = 130
 )
 
@@ -83,8 +86,11 @@ func exitCode(err error, stderr io.Writer) int {
 		return ExitInterrupted // Ctrl-C: the user knows
 	}
 	fmt.Fprintf(stderr, "Error: %v\n", err)
-	if errors.Is(err, kerrors.NotFound) {
-		return ExitNotFound
+	// The daemon's code for an app's command that could not be executed
+	// (ExitCannotExec, ExitNotFound).
+	var ec interface{ ExitCode() int }
+	if errors.As(err, &ec) && ec.ExitCode() > 0 {
+		return ec.ExitCode()
 	}
 	return ExitError
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"kurma.dev/kurma/internal/api/wire"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
 )
@@ -116,7 +117,9 @@ func TestExitCode(t *testing.T) {
 		{nil, 0},
 		{exitError{3}, 3},
 		{fmt.Errorf("wrapped: %w", exitError{42}), 42},
-		{kerrors.New(kerrors.NotFound, "no pod"), ExitNotFound},
+		{kerrors.New(kerrors.NotFound, "no pod"), ExitError},
+		{wire.ErrorBodyOf(&wire.ExitCodeError{Code: 127, Err: kerrors.New(kerrors.Invalid, "exec")}).Error.Err(), ExitNotFound},
+		{fmt.Errorf("create: %w", &wire.ExitCodeError{Code: 126, Err: errors.New("not executable")}), ExitCannotExec},
 		{kerrors.New(kerrors.Conflict, "busy"), ExitError},
 		{errors.New("plain"), ExitError},
 		{fmt.Errorf("stream: %w", context.Canceled), ExitInterrupted},

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -69,15 +70,23 @@ func newInspectCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := e.client()
 			defer c.Close()
-			var out []*podtypes.Pod
+			// Like podman: what was found is printed, the rest fails.
+			out := []*podtypes.Pod{}
+			var errs []error
 			for _, ref := range args {
 				p, err := c.GetPod(cmd.Context(), ref)
 				if err != nil {
-					return err
+					errs = append(errs, err)
+					continue
 				}
 				out = append(out, p)
 			}
-			return printJSON(e.stdout, out)
+			if len(out) > 0 {
+				if err := printJSON(e.stdout, out); err != nil {
+					return err
+				}
+			}
+			return errors.Join(errs...)
 		},
 	}
 }

@@ -19,7 +19,7 @@ import (
 // (temp file, rename) and not fsynced. They have to outlive kurmad, not the
 // machine: a machine that crashes ends the pods that held them. So a pod
 // start and removal cost a file write and an unlink instead of a rewrite
-// and fsync of the whole index (~1 ms each on a small VM). In memory they
+// and fsync of the whole index (bench/README.md has the figures). In memory they
 // are idx.Leases, which index.json no longer stores; an index of an older
 // version that still holds leases has them moved into files on open.
 
@@ -183,6 +183,9 @@ func (s *FSStore) Remove(ctx context.Context, idOrRef string) error {
 	err := func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if err := s.uniqueNameLocked(idOrRef); err != nil {
+			return err
+		}
 		r, err := s.lookupLocked(idOrRef)
 		if err != nil {
 			return err

@@ -2,8 +2,10 @@ package image_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -145,4 +147,42 @@ func TestStoreLock(t *testing.T) {
 		t.Fatalf("open after close: %v", err)
 	}
 	s2.Close()
+}
+
+// TestRemoveAmbiguousName: a name two app images carry is refused, with
+// both listed; each is removed by ID, and the name works once it is unique.
+func TestRemoveAmbiguousName(t *testing.T) {
+	s, _ := newStore(t, image.Options{})
+	ctx := t.Context()
+	var ids []string
+	for i, content := range []string{"one", "two"} {
+		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p, _ := buildACI(t, dir, aciSpec{name: "kurma.dev/dup", files: map[string]string{"f": content}, exec: []string{"/f"}})
+		img, err := s.Pull(ctx, "file://"+p, image.PullOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, img.ID)
+	}
+	err := s.Remove(ctx, "kurma.dev/dup")
+	if !errors.Is(err, kerrors.Conflict) {
+		t.Fatalf("remove by an ambiguous name: %v, want Conflict", err)
+	}
+	for _, id := range ids {
+		if !strings.Contains(err.Error(), id) {
+			t.Errorf("refusal does not list %s: %v", id, err)
+		}
+	}
+	if l, _ := s.List(ctx); len(l) != 2 {
+		t.Fatalf("%d images after the refused remove, want 2", len(l))
+	}
+	if err := s.Remove(ctx, ids[0]); err != nil {
+		t.Fatalf("remove by ID: %v", err)
+	}
+	if err := s.Remove(ctx, "kurma.dev/dup"); err != nil {
+		t.Fatalf("remove by a name now unique: %v", err)
+	}
 }

@@ -95,7 +95,7 @@ func (s *FSStore) pull(ctx context.Context, u URI, opts PullOptions) (*Image, er
 	if opts.RequireSignature {
 		var err error
 		if sig, err = s.fetchSig(ctx, u); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("pull %s: %w", u.Raw, err)
 		}
 	}
 	var img *Image
@@ -154,10 +154,10 @@ func (s *FSStore) fetchSig(ctx context.Context, u URI) ([]byte, error) {
 	if u.Scheme == SchemeFile {
 		b, err := os.ReadFile(loc)
 		if err != nil {
-			return nil, errf(kerrors.Unauthorized, "image %s: no signature at %s: %v", u.Raw, loc, err)
+			return nil, errf(kerrors.Unauthorized, "no signature at %s: %v", loc, err)
 		}
 		if len(b) > maxSigSize {
-			return nil, errf(kerrors.Unauthorized, "image %s: signature too large", u.Raw)
+			return nil, errf(kerrors.Unauthorized, "signature %s larger than %d bytes", loc, maxSigSize)
 		}
 		return b, nil
 	}
@@ -171,14 +171,14 @@ func (s *FSStore) fetchSig(ctx context.Context, u URI) ([]byte, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, errf(kerrors.Unauthorized, "image %s: no signature at %s (HTTP %d)", u.Raw, loc, resp.StatusCode)
+		return nil, errf(kerrors.Unauthorized, "no signature at %s (HTTP %d)", loc, resp.StatusCode)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxSigSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("fetch signature %s: %w: %w", loc, kerrors.Unavailable, err)
 	}
 	if len(b) > maxSigSize {
-		return nil, errf(kerrors.Unauthorized, "image %s: signature too large", u.Raw)
+		return nil, errf(kerrors.Unauthorized, "signature %s larger than %d bytes", loc, maxSigSize)
 	}
 	return b, nil
 }

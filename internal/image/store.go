@@ -323,6 +323,35 @@ func (s *FSStore) lookupLocked(idOrRef string) (*record, error) {
 	return nil, errf(kerrors.Conflict, "image %q is ambiguous (%d matches)", idOrRef, len(match))
 }
 
+// uniqueNameLocked refuses a name that several app images carry (an ACI
+// and an OCI image both named kurma.dev/busybox, say), listing them, for
+// the verbs where picking the newest would be a surprise (Remove). An ID,
+// reference or name of one image passes. Callers hold mu.
+func (s *FSStore) uniqueNameLocked(idOrRef string) error {
+	if _, ok := s.idx.Entries[idOrRef]; ok {
+		return nil
+	}
+	if _, ok := s.idx.Refs[idOrRef]; ok {
+		return nil
+	}
+	var cands []string
+	for _, r := range s.idx.Entries {
+		if r.App && r.Name == idOrRef {
+			c := r.ID
+			if len(r.Refs) > 0 {
+				c += " (" + strings.Join(r.Refs, ", ") + ")"
+			}
+			cands = append(cands, c)
+		}
+	}
+	if len(cands) < 2 {
+		return nil
+	}
+	slices.Sort(cands)
+	return errf(kerrors.Conflict, "image name %q is ambiguous: name one of its %d images by ID or reference: %s",
+		idOrRef, len(cands), strings.Join(cands, "; "))
+}
+
 // Get returns an entry by ID, reference, unique ID prefix or name.
 func (s *FSStore) Get(ctx context.Context, idOrRef string) (*Image, error) {
 	s.mu.RLock()

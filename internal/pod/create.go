@@ -265,7 +265,8 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Pod, retErr error) 
 			err = fmt.Errorf("failpoint after step %s", s.name)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("create pod %s: %s: %w", spec.Name, s.name, err)
+			r.log.Debug("pod start step failed", "pod", id, "step", s.name, "err", err)
+			return nil, fmt.Errorf("create pod %s: %w", spec.Name, err)
 		}
 		r.log.Debug("pod start step", "pod", id, "step", s.name, "took", time.Since(t0))
 	}
@@ -333,7 +334,7 @@ func (b *build) resolveImages(ctx context.Context) error {
 	for _, a := range spec.Apps {
 		img, err := r.getImage(ctx, a.Image, image.PullOptions{})
 		if err != nil {
-			return fmt.Errorf("app %s: image %s: %w", a.Name, a.Image, err)
+			return fmt.Errorf("app %s: %w", a.Name, err) // the image store names the image
 		}
 		layers, err := r.opts.Images.Resolve(ctx, img.ID)
 		if err != nil {

@@ -6,13 +6,16 @@
 //
 // Files: runtime.go (Options, New, Close), create.go (the start steps and
 // their undos), launch.go (the daemon side of the stager launch, exit
-// handling, teardown), stageinit.go (the re-executed `kurmad stage-init`
-// child that makes the stager's mounts, pivots into its root and execs
-// it), hostread.go (reads of the stager's logs and status cache from the
+// handling, teardown), prestart.go (stager images that may be pre-started
+// and the waiting stagers made from them), hostread.go (reads of the stager's logs and status cache from the
 // pod's folder, without call-ins), state.go
 // (records, restart recovery, pid re-adoption), cgroups.go (cgroups and
 // mount helpers), stop.go (Get/List/Stop/Remove), callin.go (call-ins),
-// spare.go (the warm spare stage-init).
+// spare.go (the warm spare stage-init). Stage-init itself, the first
+// process of every pod that makes the stager's mounts, pivots into its
+// root and execs it, is package internal/pod/stageinit, run as the
+// binary cmd/kurma-stage-init (or `kurmad stage-init` where that binary is
+// missing).
 //
 // Locking: Runtime.mu guards the pod map and every record; it is never held
 // across I/O, waits or mounts. entry.op serialises a pod's teardown with its

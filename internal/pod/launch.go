@@ -408,7 +408,69 @@ func (b *build) waitReady(ctx context.Context) error {
 	case <-p.waited:
 	case <-time.After(time.Second):
 	}
-	return fmt.Errorf("stager exited before it was ready (%s); see %s", p.status, filepath.Join(b.dir, "stager.log"))
+	// The stager's last words say why (no such command, user or working
+	// directory: the pod's spec, hence Invalid). Rollback removes the pod's
+	// folder and its stager.log with it: the log goes to kurmad's.
+	logPath := filepath.Join(b.dir, "stager.log")
+	reason, tail := stagerReason(logPath)
+	b.r.log.Warn("stager exited before it was ready", "pod", b.e.rec.Pod.UUID, "status", p.status, "stager_log", tail)
+	if reason == "" {
+		return fmt.Errorf("stager exited before it was ready (%s) and gave no reason", p.status)
+	}
+	err := kerrors.New(kerrors.Invalid, "%s", reason)
+	// A stager exits 126 or 127, as shells do, when an app's command
+	// cannot be executed: the CLI ends with the same code.
+	if st := p.cmd.ProcessState; st != nil && (st.ExitCode() == 126 || st.ExitCode() == 127) {
+		return &execFailed{code: st.ExitCode(), err: err}
+	}
+	return err
+}
+
+// execFailed is a pod start that failed because an app's command could
+// not be executed; ExitCode is the stager's exit code for it (126: not
+// executable, 127: not found), which the API passes on to the CLI.
+type execFailed struct {
+	code int
+	err  error
+}
+
+func (e *execFailed) Error() string { return e.err.Error() }
+func (e *execFailed) Unwrap() error { return e.err }
+func (e *execFailed) ExitCode() int { return e.code }
+
+// stagerReason reads the end of a stager's log: it returns the reason the
+// stager gave for failing (its last line of plain text, without Kurma's
+// stager's "kurma-stager ROLE: " prefix; structured log lines are skipped)
+// and the last lines of the log as they are.
+func stagerReason(path string) (reason, tail string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", ""
+	}
+	defer f.Close()
+	const window = 4096
+	if fi, err := f.Stat(); err == nil && fi.Size() > window {
+		_, _ = f.Seek(fi.Size()-window, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, window))
+	tail = strings.TrimSpace(string(b))
+	lines := strings.Split(tail, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if l == "" || strings.HasPrefix(l, "time=") || strings.HasPrefix(l, "{") {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(l, "kurma-stager "); ok {
+			if _, r, ok := strings.Cut(rest, ": "); ok {
+				l = r
+			}
+		}
+		if len(l) > 512 {
+			l = l[:512] + "…"
+		}
+		return l, tail
+	}
+	return "", tail
 }
 
 // watch follows a stager this Runtime started, once the pod runs.

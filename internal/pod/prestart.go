@@ -121,7 +121,7 @@ func (r *Runtime) discardWarm(w *warm) {
 func (r *Runtime) resolveStager(ctx context.Context, ref string) (*image.Image, []image.Layer, error) {
 	st, err := r.getImage(ctx, ref, image.PullOptions{RequireSignature: true})
 	if err != nil {
-		return nil, nil, fmt.Errorf("stager image %s: %w", ref, err)
+		return nil, nil, fmt.Errorf("stager: %w", err) // the image layer names ref
 	}
 	if len(st.Manifest.Dependencies) > 0 {
 		return nil, nil, kerrors.New(kerrors.Unauthorized, "stager image %s has dependencies; a stager must be self-contained", ref)

@@ -10,7 +10,7 @@ import (
 //
 // A removed pod's folder holds its stager's root (the overlay's upper
 // layer with the apps' folders, logs and state): deleting it file by file
-// took about half of a `kurma run --rm`'s removal. So removeFiles renames
+// was a large part of a `kurma run --rm`'s removal. So removeFiles renames
 // the folder into <pods>/.trash, which is one rename on the same file
 // system, and a goroutine deletes it from there; the pod is gone from
 // <pods> when Remove returns. The trash is made when first needed; Close

@@ -141,7 +141,8 @@ func appPrivileges(isolators []appc.Isolator) (Privileges, error) {
 // kept for the life of the process: its goroutine locks it and never
 // unlocks, so no other goroutine ever runs on it, and the runtime discards
 // it if the goroutine ends. Making and discarding a thread per process
-// cost about 0.2 ms of every call-in here.
+// was a measurable part of every call-in (bench/README.md, "Figures behind
+// design choices").
 //
 // Locking: mu guards threads. A thread runs one ForkExec at a time.
 type spawner struct {

@@ -42,8 +42,10 @@
 // (TTYSizeAnnotation) sets the terminal's size before the app starts.
 //
 // Call-in exit codes: status, logs and attach exit 0, 1 on failure, 2 on
-// bad usage. The run call-in exits 125 when it fails itself (bad
-// settings, unknown app or user, settings not on fd 3 within 10 s,
+// bad usage. The run call-in exits 127 when the command does not exist and
+// 126 when it cannot be executed (as shells do; the stager role, too, exits
+// with these when an app's command cannot start), 125 when it fails itself
+// (bad settings, unknown app or user, settings not on fd 3 within 10 s,
 // overridable for tests by KURMA_STAGER_SETTINGS_TIMEOUT), otherwise with
 // the command's exit code (128+signal when killed). Attach ends when all
 // of the app's output ended or the caller stops reading; the caller's EOF

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"log/slog"
 	"net"
@@ -108,7 +109,7 @@ type initPrep struct {
 // privileges. Each handled signal costs the Go runtime a hand-off to its
 // signal-mask thread and back, and a spawner thread costs a thread start
 // and some thirty prctl calls: a pre-started stager does all this before
-// its go-ahead (about 5 ms on a VM whose context switches are dear).
+// its go-ahead, off the pod start's path.
 func prepareInit(extra ...os.Signal) *initPrep {
 	drop := make(chan os.Signal, 4)
 	signal.Notify(drop, append(extra, pid1Signals...)...)
@@ -276,7 +277,18 @@ func (s *initServer) spawn(p AppPlan, files []*os.File, tty bool, onExit func(sy
 	}
 	pid, err := s.spawner.forkExec(p.Exec[0], p.Exec, attr, p.Priv)
 	if err != nil {
-		return 0, fmt.Errorf("start %q in app %q: %w", p.Exec[0], p.Name, err)
+		// The kernel reports a missing working directory as a missing
+		// executable: say which it was.
+		if errors.Is(err, syscall.ENOENT) && p.Dir != "" {
+			if _, serr := os.Stat(filepath.Join(p.Rootfs, p.Dir)); errors.Is(serr, fs.ErrNotExist) {
+				return 0, &ExecError{Code: ExitCannotExec, Err: fmt.Errorf("app %q: working directory %q: %w", p.Name, p.Dir, err)}
+			}
+		}
+		code := ExitCannotExec
+		if errors.Is(err, syscall.ENOENT) {
+			code = ExitNotFound
+		}
+		return 0, &ExecError{Code: code, Err: fmt.Errorf("app %q: exec %q: %w", p.Name, p.Exec[0], err)}
 	}
 	s.waiters[pid] = onExit
 	return pid, nil

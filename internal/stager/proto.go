@@ -2,6 +2,7 @@ package stager
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -55,18 +56,46 @@ type response struct {
 	Exited   bool              `json:"exited,omitempty"`
 	ExitCode int               `json:"exitCode,omitempty"`
 	TTY      bool              `json:"tty,omitempty"`
+	// ExecCode is an ExecError's code: the command could not be run.
+	ExecCode int `json:"execCode,omitempty"`
 }
 
 func errResponse(err error) response {
-	return response{Error: err.Error(), Kind: kerrors.Type(err)}
+	r := response{Error: err.Error(), Kind: kerrors.Type(err)}
+	var ee *ExecError
+	if errors.As(err, &ee) {
+		r.ExecCode = ee.Code
+	}
+	return r
 }
 
 func (r response) err() error {
 	if r.Error == "" {
 		return nil
 	}
-	return kerrors.FromType(r.Kind, r.Error)
+	err := kerrors.FromType(r.Kind, r.Error)
+	if r.ExecCode != 0 {
+		return &ExecError{Code: r.ExecCode, Err: err}
+	}
+	return err
 }
+
+// Exit codes of a command that could not be run, as shells (and docker,
+// podman) use them: the stager role and the run call-in exit with them.
+const (
+	ExitCannotExec = 126 // found but not executable, or no such working directory
+	ExitNotFound   = 127 // no such command
+)
+
+// ExecError says that an app's command could not be executed, with the
+// exit code to report for it (ExitCannotExec or ExitNotFound).
+type ExecError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExecError) Error() string { return e.Err.Error() }
+func (e *ExecError) Unwrap() error { return e.Err }
 
 const maxPacket = 1 << 20
 
@@ -103,8 +132,8 @@ func recv(c *net.UnixConn, v any) ([]*os.File, error) {
 		return nil, err
 	}
 	// A buffer of the message's own size: a fresh maxPacket buffer per
-	// message cost 256 page faults to zero (~30 µs each on some VMs) and a
-	// garbage collection in a small heap.
+	// message costs 256 page faults to zero it and a garbage collection in
+	// a small heap.
 	buf := make([]byte, max(1, min(size, maxPacket)))
 	oob := make([]byte, syscall.CmsgSpace(8*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)

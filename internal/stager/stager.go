@@ -128,7 +128,7 @@ func RunStager(ctx context.Context, log *slog.Logger) (retErr error) {
 		return fmt.Errorf("pod init: %w", err)
 	}
 	if err := resp.err(); err != nil {
-		return fmt.Errorf("pod init: %w", err)
+		return err // init's own error names the app
 	}
 	signalReady(log)
 	log.Info("pod running", "apps", len(plans), "init", pi.pid)

@@ -155,7 +155,8 @@ func TestPod(t *testing.T) {
 				"test -c /dev/null && test -c /dev/urandom && test ! -e /dev/kmsg && test -c /dev/pts/ptmx && echo x > /dev/null && echo dev-ok"}, User: "0", Group: "0"}, out: "dev-ok\n"},
 			{name: "unknown app", s: stagerspec.RunSettings{Exec: []string{"true"}, User: "0", Group: "0"}, code: 125, err: "no app"},
 			{name: "unknown user", s: stagerspec.RunSettings{Exec: []string{"true"}, User: "nosuchuser", Group: "0"}, code: 125, err: "nosuchuser"},
-			{name: "missing executable", s: stagerspec.RunSettings{Exec: []string{"/bin/nothing"}, User: "0", Group: "0"}, code: 125, err: "/bin/nothing"},
+			{name: "missing executable", s: stagerspec.RunSettings{Exec: []string{"/bin/nothing"}, User: "0", Group: "0"}, code: 127, err: `exec "/bin/nothing": no such file or directory`},
+			{name: "missing working directory", s: stagerspec.RunSettings{Exec: []string{"true"}, User: "0", Group: "0", WorkingDirectory: "/nowhere"}, code: 126, err: `working directory "/nowhere"`},
 			{name: "invalid settings", s: stagerspec.RunSettings{Exec: []string{"true"}}, code: 125, err: "user and group"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {

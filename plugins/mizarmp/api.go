@@ -23,8 +23,8 @@ import (
 // The plugin's own client for the few controller calls it makes. It does
 // not use pkg/controllerapi, whose client is built on net/http: that
 // package's initialisation, its connection goroutines and the larger
-// binary cost the short-lived plugin about a third of its process time
-// (bench/cni/README.md). The wire types below carry only the fields the
+// binary were a large share of the short-lived plugin's process time
+// (figures in bench/cni/README.md). The wire types below carry only the fields the
 // plugin sends or reads; their JSON names are those of pkg/controllerapi
 // (a test compares the two encodings).
 

@@ -124,7 +124,7 @@ func TestE2E(t *testing.T) {
 		}
 		// No pod uses the http image any more: it can be removed.
 		d.ok(t, "image", "rm", src.http)
-		if _, _, code := d.kurma("image", "inspect", src.http); code != cli.ExitNotFound {
+		if _, _, code := d.kurma("image", "inspect", src.http); code != cli.ExitError {
 			t.Fatalf("removed image still found (exit %d)", code)
 		}
 	})
@@ -253,8 +253,8 @@ func testStatusExited(t *testing.T, d *daemon, src sources) {
 	if _, _, code := d.kurma("rm", name); code != 0 {
 		t.Fatalf("rm of a stopped pod: exit %d", code)
 	}
-	if _, _, code := d.kurma("inspect", name); code != cli.ExitNotFound {
-		t.Fatalf("inspect removed pod: exit %d, want %d", code, cli.ExitNotFound)
+	if _, _, code := d.kurma("inspect", name); code != cli.ExitError {
+		t.Fatalf("inspect removed pod: exit %d, want %d", code, cli.ExitError)
 	}
 }
 
@@ -303,11 +303,18 @@ func testErrors(t *testing.T, d *daemon, src sources) {
 		code int
 		msg  string
 	}{
-		{"unknown pod", []string{"inspect", "kapi-no-such-pod"}, cli.ExitNotFound, "not found"},
-		{"unknown pod exec", []string{"exec", "kapi-no-such-pod", "true"}, cli.ExitNotFound, "not found"},
-		{"bad image", []string{"run", "--rm", "file:///nonexistent/kapi.aci", "true"}, cli.ExitNotFound, ""},
+		{"unknown pod", []string{"inspect", "kapi-no-such-pod"}, cli.ExitError, "not found"},
+		{"unknown pod exec", []string{"exec", "kapi-no-such-pod", "true"}, cli.ExitError, "not found"},
+		{"bad image", []string{"run", "--rm", "file:///nonexistent/kapi.aci", "true"}, cli.ExitError, ""},
 		{"bad name", []string{"run", "--name", "no/slash", src.aci}, cli.ExitError, "invalid pod name"},
 		{"bad volume", []string{"run", "-v", "x:relative", src.aci}, cli.ExitError, "absolute"},
+		// The stager's reason, with the codes of docker and podman.
+		{"no such command", []string{"run", "--rm", src.aci, "/bin/kapi-nope"}, cli.ExitNotFound,
+			`exec "/bin/kapi-nope": no such file or directory`},
+		{"no such workdir", []string{"run", "--rm", "-w", "/kapi-nowhere", src.aci, "true"}, cli.ExitCannotExec,
+			`working directory "/kapi-nowhere": no such file or directory`},
+		{"no such user", []string{"run", "--rm", "-u", "kapi-nobody", src.aci, "true"}, cli.ExitError,
+			`user "kapi-nobody" not found`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -326,6 +333,14 @@ func testErrors(t *testing.T, d *daemon, src sources) {
 	}
 	if _, stderr, code := d.kurma("rm", name); code != cli.ExitError || !strings.Contains(stderr, "running") && !strings.Contains(stderr, "conflict") {
 		t.Fatalf("rm of a running pod without -f: exit %d %s", code, stderr)
+	}
+	if _, stderr, code := d.kurma("exec", name, "/bin/kapi-nope"); code != cli.ExitNotFound || !strings.Contains(stderr, "kapi-nope") {
+		t.Fatalf("exec of a missing command: exit %d %s, want %d", code, stderr, cli.ExitNotFound)
+	}
+	// inspect prints the pods it found and fails for the others.
+	stdout, stderr, code := d.kurma("inspect", name, "kapi-no-such-pod")
+	if code != cli.ExitError || !strings.Contains(stdout, name) || !strings.Contains(stderr, "kapi-no-such-pod") {
+		t.Fatalf("inspect of a found and a missing pod: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }
 

@@ -137,13 +137,33 @@ func ValidateSpec(s *podtypes.Spec) error {
 
 // ErrorBodyOf renders err as the API's JSON error.
 func ErrorBodyOf(err error) ErrorBody {
-	return ErrorBody{Error: ErrorInfo{Type: kerrors.Type(err), Message: err.Error()}}
+	b := ErrorBody{Error: ErrorInfo{Type: kerrors.Type(err), Message: err.Error()}}
+	var ec interface{ ExitCode() int }
+	if errors.As(err, &ec) {
+		b.Error.ExitCode = ec.ExitCode()
+	}
+	return b
 }
+
+// ExitCodeError is a decoded error that carries the exit code a client
+// should end with (ErrorInfo.ExitCode).
+type ExitCodeError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitCodeError) Error() string { return e.Err.Error() }
+func (e *ExitCodeError) Unwrap() error { return e.Err }
+func (e *ExitCodeError) ExitCode() int { return e.Code }
 
 // Err turns a decoded error body back into a categorised error.
 func (e ErrorInfo) Err() error {
 	if e.Message == "" {
 		e.Message = fmt.Sprintf("%s error", e.Type)
 	}
-	return kerrors.FromType(e.Type, e.Message)
+	err := kerrors.FromType(e.Type, e.Message)
+	if e.ExitCode != 0 {
+		return &ExitCodeError{Code: e.ExitCode, Err: err}
+	}
+	return err
 }

@@ -29,6 +29,9 @@ type ErrorBody struct {
 type ErrorInfo struct {
 	Type    string `json:"type"`
 	Message string `json:"message"`
+	// ExitCode, when not 0, is the exit code a client should end with:
+	// 126 or 127 when an app's command could not be executed.
+	ExitCode int `json:"exitCode,omitempty"`
 }
 
 // CreatePodRequest is the body of POST /v1/pods.

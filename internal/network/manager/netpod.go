@@ -295,7 +295,7 @@ func (s *Supervisor) runOnce(ctx context.Context, adopt bool) string {
 // status asks the networking pod's init directly over its socket (the
 // default stager's, as PodCaller does for calls) and falls back to the
 // status call-in. Polling through nsenter and a Go call-in every second
-// cost ~30 ms of CPU each time.
+// cost a process start and its CPU each time.
 func (s *Supervisor) status(ctx context.Context) (stagerspec.Status, error) {
 	if p, err := s.opts.Pods.Get(ctx, s.opts.Name); err == nil && p.State == pod.Running && p.StagerPID > 0 {
 		if st, err := stager.StatusAt(ctx, stager.HostSocketPath(p.StagerPID)); err == nil {

@@ -7,9 +7,8 @@
 //
 // It runs as its own small binary, cmd/kurma-stage-init, so that its start
 // (and a warm spare's, which is made while pods start and stop) costs a
-// minimal Go runtime rather than the daemon's: on a machine where every
-// page fault is expensive the daemon's binary took twice the faults
-// (bench/README.md, session 4). `kurmad stage-init` runs the same code
+// minimal Go runtime rather than the daemon's, whose binary takes many
+// more page faults to start (figures in bench/README.md). `kurmad stage-init` runs the same code
 // where that binary is missing.
 //
 // Must import nothing of Kurma and as little else as it can: every package

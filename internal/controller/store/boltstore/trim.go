@@ -15,9 +15,8 @@ import (
 // 1.7 GB, all of it mapped after open (MAP_POPULATE and the freelist
 // rebuild) and again after any full scan. Writing back pages that are also
 // mapped costs the kernel an rmap walk and page-table work per page at
-// every fdatasync; measured on the 2-core benchmark VM, a controller with
-// its whole 1 M-port store mapped had a create-to-UP p99 of 28-52 ms, the
-// same store with the mapping trimmed 15 ms (bench/controller/README.md).
+// every fdatasync, which showed in the create-to-UP latency of a large
+// store (figures in bench/controller/README.md).
 //
 // So the store drops the mapping's page-table entries with
 // MADV_DONTNEED: right after open, after any scan or bulk load of at least
