@@ -51,16 +51,22 @@ type cluster struct {
 	ctl       *proc                   // ctls[0]
 	c         *controllerapi.Client   // clients[0]
 	hosts     []*host
+	outside   string // with clusterOpts.external: the external network's namespace
 }
 
 // clusterOpts selects the store and the number of controller replicas.
 type clusterOpts struct {
 	etcd     bool // a real etcd in the underlay namespace instead of bbolt
 	replicas int  // default 1; host i talks to replica i%replicas
+	// external gives host 1 an external interface (kagtx0,
+	// 203.0.113.1/24) into a namespace that stands for the outside world
+	// (203.0.113.2/24), and its agent --external-interface kagtx0.
+	external bool
 }
 
 type host struct {
 	id, ns, ip, stateDir, log string
+	ext                       string // external interface, if any
 	replica                   int // the controller replica its agent uses
 	proc                      *proc
 }
@@ -211,6 +217,15 @@ func newClusterOpts(t *testing.T, nHosts int, o clusterOpts) *cluster {
 		nettest.IP(t, c.ul, "link", "set", peer, "master", "kagtbr0", "up")
 		nettest.IP(t, h.ns, "addr", "add", h.ip+"/24", "dev", "kagtu0")
 		nettest.IP(t, h.ns, "link", "set", "kagtu0", "up")
+		if o.external && i == 1 {
+			c.outside = nettest.NewNS(t, testutil.UniqueName(pfx))
+			h.ext = "kagtx0"
+			nettest.IP(t, h.ns, "link", "add", h.ext, "type", "veth", "peer", "name", "eth0", "netns", nettest.Name(c.outside))
+			nettest.IP(t, h.ns, "addr", "add", "203.0.113.1/24", "dev", h.ext)
+			nettest.IP(t, h.ns, "link", "set", h.ext, "up")
+			nettest.IP(t, c.outside, "addr", "add", "203.0.113.2/24", "dev", "eth0")
+			nettest.IP(t, c.outside, "link", "set", "eth0", "up")
+		}
 		c.hosts = append(c.hosts, h)
 		c.startAgent(h)
 	}
@@ -255,10 +270,14 @@ func (c *cluster) startReplica(i int) {
 }
 
 func (c *cluster) startAgent(h *host) {
-	h.proc = startProc(c.t, h.log, "ip", "netns", "exec", nettest.Name(h.ns), c.agentBin,
+	args := []string{"netns", "exec", nettest.Name(h.ns), c.agentBin,
 		"--controller", c.ctlURL(h.replica), "--token-file", c.tokenFile,
 		"--host-id", h.id, "--underlay-ip", h.ip, "--underlay-dev", "kagtu0",
-		"--state-dir", h.stateDir, "--link-prefix", pfx, "--nft-table", c.nftTable, "--resync", "1s")
+		"--state-dir", h.stateDir, "--link-prefix", pfx, "--nft-table", c.nftTable, "--resync", "1s"}
+	if h.ext != "" {
+		args = append(args, "--external-interface", h.ext)
+	}
+	h.proc = startProc(c.t, h.log, "ip", args...)
 }
 
 func (c *cluster) dumpLogs() {

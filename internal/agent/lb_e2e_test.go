@@ -1,0 +1,254 @@
+package agent_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// serveWho answers every TCP connection on addr with "name from <client
+// address>", and every UDP datagram on the same address with name.
+func serveWho(t *testing.T, nsPath, addr, name string) {
+	t.Helper()
+	var ln net.Listener
+	var pc net.PacketConn
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", addr)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			h, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+			_, _ = io.WriteString(c, name+" from "+h)
+			_ = c.Close()
+		}
+	}()
+	go func() {
+		b := make([]byte, 64)
+		for {
+			_, from, err := pc.ReadFrom(b)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(name), from)
+		}
+	}()
+}
+
+// who dials addr (tcp or udp) from nsPath and returns the answering
+// server's name.
+func who(nsPath, network, addr string) (string, error) {
+	if network == "tcp" {
+		s, err := nettest.Dial(nsPath, addr, 2*time.Second)
+		name, _, _ := strings.Cut(s, " from ")
+		return name, err
+	}
+	var c net.Conn
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		var err error
+		c, err = net.Dial("udp", addr)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("?")); err != nil {
+		return "", err
+	}
+	b := make([]byte, 64)
+	n, err := c.Read(b)
+	return string(b[:n]), err
+}
+
+// until retries f every 50 ms until it returns nil or d passes.
+func until(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// spread dials addr n times and counts the answering servers.
+func spread(nsPath, network, addr string, n int) (map[string]int, error) {
+	seen := map[string]int{}
+	for range n {
+		name, err := who(nsPath, network, addr)
+		if err != nil {
+			return seen, err
+		}
+		seen[name]++
+	}
+	return seen, nil
+}
+
+// lbTable is `nft list table inet kurma-lb` in a host namespace.
+func lbTable(t *testing.T, h *host) string {
+	t.Helper()
+	return testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "list", "table", "inet", "kurma-lb")
+}
+
+// lbElements counts the elements of the services and backends maps and
+// the pick chains in a host's load-balancer table.
+func lbElements(t *testing.T, h *host) (services, backends, chains int) {
+	t.Helper()
+	var cur string
+	for _, line := range strings.Split(lbTable(t, h), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "map services-"):
+			cur = "s"
+		case strings.HasPrefix(line, "map backends-"):
+			cur = "b"
+		case strings.HasPrefix(line, "map ") || strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "chain "):
+			cur = ""
+			if strings.HasPrefix(line, "chain pick-") {
+				chains++
+			}
+		}
+		if cur == "" || strings.HasPrefix(line, "type ") {
+			continue
+		}
+		// Elements are listed comma-separated, one or more per line.
+		n := strings.Count(line, " : ")
+		if cur == "s" {
+			services += n
+		} else {
+			backends += n
+		}
+	}
+	return services, backends, chains
+}
+
+// TestLoadBalancerE2E: through the real controller and two agents, a
+// client reaches VIP:port over TCP and UDP and both members answer (one of
+// them on the other host, over VXLAN); affinity pins the client; a member
+// replacement takes effect at once; a member reaches its own VIP; a load
+// balancer without members refuses; deleting it leaves no element and no
+// pick chain on either host.
+func TestLoadBalancerE2E(t *testing.T) {
+	ctx := t.Context()
+	c := newCluster(t, 2)
+	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "lb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := proj.ID
+	sn := c.network(ctx, pid, "net", "10.20.0.0/24")
+	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: "10.96.0.0/24",
+		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
+	m1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
+	m2 := c.newPod(ctx, t, pid, sn.ID, c.hosts[1]) // the other host
+	pods := []pod{client, m1, m2}
+	c.waitUp(ctx, t, pid, pods...)
+	client, m1, m2 = pods[0], pods[1], pods[2]
+	serveWho(t, m1.ns, m1.ip()+":8080", "m1")
+	serveWho(t, m2.ns, m2.ip()+":8080", "m2")
+
+	lb, err := c.c.CreateLoadBalancer(ctx, pid, controllerapi.LoadBalancer{Name: "web", VIPSubnetID: svc.ID,
+		Listeners: []controllerapi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 8080}, {Protocol: "UDP", Port: 53, TargetPort: 8080}},
+		Members:   []controllerapi.Member{{Address: m1.ip()}, {Address: m2.ip()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpVIP, udpVIP := lb.VIPAddress+":80", lb.VIPAddress+":53"
+	for _, nw := range []struct{ network, addr string }{{"tcp", tcpVIP}, {"udp", udpVIP}} {
+		until(t, 10*time.Second, nw.network+": both members answer through the VIP", func() error {
+			seen, err := spread(client.ns, nw.network, nw.addr, 30)
+			if err != nil || seen["m1"] == 0 || seen["m2"] == 0 {
+				return fmt.Errorf("seen %v, err %v", seen, err)
+			}
+			return nil
+		})
+	}
+	// Hairpin: a member reaches its own VIP.
+	until(t, 5*time.Second, "hairpin", func() error {
+		_, err := spread(m1.ns, "tcp", tcpVIP, 10)
+		return err
+	})
+
+	// Affinity: the client sticks to one member.
+	if _, err := c.c.UpdateLoadBalancer(ctx, pid, lb.ID, controllerapi.LoadBalancerUpdate{
+		SessionPersistence: &controllerapi.SessionPersistence{Type: controllerapi.PersistenceSourceIP, Timeout: 600}}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "affinity pins the client", func() error {
+		seen, err := spread(client.ns, "tcp", tcpVIP, 20)
+		if err != nil || len(seen) != 1 {
+			return fmt.Errorf("seen %v, err %v", seen, err)
+		}
+		return nil
+	})
+
+	// Replace the members: only m2 (on the other host) from now on.
+	t0 := time.Now()
+	if _, err := c.c.SetMembers(ctx, pid, lb.ID, []controllerapi.Member{{Address: m2.ip()}}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 5*time.Second, "member replacement", func() error {
+		seen, err := spread(client.ns, "tcp", tcpVIP, 20)
+		if err != nil || seen["m2"] != 20 {
+			return fmt.Errorf("seen %v, err %v", seen, err)
+		}
+		return nil
+	})
+	t.Logf("member replacement live after %v", time.Since(t0))
+
+	// No members: refused, not black-holed.
+	if _, err := c.c.SetMembers(ctx, pid, lb.ID, []controllerapi.Member{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 5*time.Second, "no members refuses", func() error {
+		_, err := who(client.ns, "tcp", tcpVIP)
+		if err == nil || !strings.Contains(err.Error(), "refused") {
+			return fmt.Errorf("want connection refused, got %v", err)
+		}
+		return nil
+	})
+
+	if err := c.c.DeleteLoadBalancer(ctx, pid, lb.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range c.hosts {
+		until(t, 5*time.Second, "no nft object left on "+h.id, func() error {
+			if s, b, ch := lbElements(t, h); s+b+ch != 0 || strings.Contains(lbTable(t, h), "affinity") && strings.Contains(lbTable(t, h), "expires") {
+				return fmt.Errorf("services %d backends %d pick chains %d:\n%s", s, b, ch, lbTable(t, h))
+			}
+			return nil
+		})
+	}
+}
