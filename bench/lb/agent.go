@@ -58,7 +58,7 @@ func runAgentBench(ctx context.Context, sizes []int, peerMax int, connects int) 
 	if err != nil {
 		return err
 	}
-	defer p.Close()
+	defer func() { _ = p.Close() }()
 	conn, err := b.nfConn()
 	if err != nil {
 		return err
@@ -100,10 +100,12 @@ func runAgentBench(ctx context.Context, sizes []int, peerMax int, connects int) 
 		}
 		err = p2.Sync(ctx, st)
 		r.restart = time.Since(t0)
-		_ = p2.Close()
 		if err != nil {
 			return err
 		}
+		// The new Path switched the sets' generation: it is the one to use.
+		_ = p.Close()
+		p = p2
 		// One create with n present, until read back through netlink.
 		var adds, mems benchutil.Samples
 		for i := range 200 {

@@ -67,7 +67,7 @@ type clusterOpts struct {
 type host struct {
 	id, ns, ip, stateDir, log string
 	ext                       string // external interface, if any
-	replica                   int // the controller replica its agent uses
+	replica                   int    // the controller replica its agent uses
 	proc                      *proc
 }
 
