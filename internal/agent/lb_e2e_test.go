@@ -252,3 +252,145 @@ func TestLoadBalancerE2E(t *testing.T) {
 		})
 	}
 }
+
+// fipState counts, on a host, the FIP elements of the load-balancer
+// table, our local routes and the proxy neighbour entries.
+func fipState(t *testing.T, h *host) (elems, routes, neigh int) {
+	t.Helper()
+	var cur bool
+	for _, line := range strings.Split(lbTable(t, h), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "map ") || strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "chain ") {
+			cur = strings.Contains(line, " fip-")
+		}
+		if cur && strings.Contains(line, "203.0.113.") {
+			elems += strings.Count(line, "203.0.113.")
+		}
+	}
+	r := strings.TrimSpace(nettest.IP(t, h.ns, "route", "show", "table", "local", "proto", "76"))
+	if r != "" {
+		routes = len(strings.Split(r, "\n"))
+	}
+	n := strings.TrimSpace(nettest.IP(t, h.ns, "neigh", "show", "proxy"))
+	if n != "" {
+		neigh = len(strings.Split(n, "\n"))
+	}
+	return elems, routes, neigh
+}
+
+// TestFloatingIPE2E: from the outside namespace a pod answers on its
+// floating IP (explicitly requested, and honored) and its egress shows the
+// floating IP as source; a floating IP of a load balancer reaches its
+// member; 1,000 allocate/associate/disassociate/delete cycles leave no
+// floating IP, no rule element, no route and no neighbour entry.
+func TestFloatingIPE2E(t *testing.T) {
+	ctx := t.Context()
+	c := newClusterOpts(t, 1, clusterOpts{external: true})
+	h := c.hosts[0]
+	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "fip"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := proj.ID
+	sn := c.network(ctx, pid, "net", "10.30.0.0/24")
+	ext, err := c.c.CreateExternalNetwork(ctx, controllerapi.ExternalNetwork{Name: "outside", CIDR: "203.0.113.0/24", IPVersion: 4,
+		AllocationPools: []controllerapi.AllocationPool{{Start: "203.0.113.10", End: "203.0.113.250"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := []pod{c.newPod(ctx, t, pid, sn.ID, h), c.newPod(ctx, t, pid, sn.ID, h)}
+	c.waitUp(ctx, t, pid, pods...)
+	p, m := pods[0], pods[1]
+	serveWho(t, p.ns, p.ip()+":8080", "pod")
+	serveWho(t, m.ns, m.ip()+":8080", "member")
+	serveWho(t, c.outside, "203.0.113.2:9000", "out")
+
+	fip, err := c.c.CreateFloatingIP(ctx, pid, controllerapi.FloatingIP{FloatingNetworkID: ext.ID,
+		FloatingIPAddress: "203.0.113.50", PortID: p.port.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fip.FloatingIPAddress != "203.0.113.50" {
+		t.Fatalf("explicit address not honored: %s", fip.FloatingIPAddress)
+	}
+	until(t, 10*time.Second, "outside reaches the pod on its FIP", func() error {
+		got, err := nettest.Dial(c.outside, "203.0.113.50:8080", time.Second)
+		if err != nil || got != "pod from 203.0.113.2" {
+			return fmt.Errorf("got %q, %v", got, err)
+		}
+		return nil
+	})
+	got, err := nettest.Dial(p.ns, "203.0.113.2:9000", 2*time.Second)
+	if err != nil || got != "out from 203.0.113.50" {
+		t.Fatalf("pod egress: got %q, %v (want the FIP as source)", got, err)
+	}
+
+	// A floating IP of a load balancer.
+	lb, err := c.c.CreateLoadBalancer(ctx, pid, controllerapi.LoadBalancer{Name: "web", VIPSubnetID: sn.ID,
+		Listeners: []controllerapi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 8080}},
+		Members:   []controllerapi.Member{{Address: m.ip()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lbFIP, err := c.c.CreateFloatingIP(ctx, pid, controllerapi.FloatingIP{FloatingNetworkID: ext.ID, LoadBalancerID: lb.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, 10*time.Second, "outside reaches the load balancer on its FIP", func() error {
+		got, err := nettest.Dial(c.outside, lbFIP.FloatingIPAddress+":80", time.Second)
+		if err != nil || !strings.HasPrefix(got, "member from ") {
+			return fmt.Errorf("got %q, %v", got, err)
+		}
+		return nil
+	})
+	// The pod's own VIP: reachable from the pod's subnet (on-link VIP).
+	until(t, 10*time.Second, "on-link VIP", func() error {
+		name, err := who(p.ns, "tcp", lb.VIPAddress+":80")
+		if err != nil || name != "member" {
+			return fmt.Errorf("got %q, %v", name, err)
+		}
+		return nil
+	})
+	if err := c.c.DeleteLoadBalancer(ctx, pid, lb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.c.DeleteFloatingIP(ctx, pid, lbFIP.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.c.DeleteFloatingIP(ctx, pid, fip.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// 1,000 cycles on the same port.
+	const cycles = 1000
+	t0 := time.Now()
+	for i := range cycles {
+		f, err := c.c.CreateFloatingIP(ctx, pid, controllerapi.FloatingIP{FloatingNetworkID: ext.ID})
+		if err != nil {
+			t.Fatalf("cycle %d: allocate: %v", i, err)
+		}
+		if _, err := c.c.AssociateFloatingIP(ctx, pid, f.ID, controllerapi.FloatingIPAssociation{PortID: p.port.ID}); err != nil {
+			t.Fatalf("cycle %d: associate: %v", i, err)
+		}
+		if _, err := c.c.DisassociateFloatingIP(ctx, pid, f.ID); err != nil {
+			t.Fatalf("cycle %d: disassociate: %v", i, err)
+		}
+		if err := c.c.DeleteFloatingIP(ctx, pid, f.ID); err != nil {
+			t.Fatalf("cycle %d: delete: %v", i, err)
+		}
+	}
+	t.Logf("%d cycles in %v", cycles, time.Since(t0))
+	left, err := c.c.ListAllFloatingIPs(ctx)
+	if err != nil || len(left) != 0 {
+		t.Fatalf("floating IPs left: %v, %v", left, err)
+	}
+	until(t, 10*time.Second, "nothing left on the host", func() error {
+		if e, r, n := fipState(t, h); e+r+n != 0 {
+			return fmt.Errorf("fip elements %d, routes %d, proxy neighbours %d:\n%s", e, r, n, lbTable(t, h))
+		}
+		return nil
+	})
+	if _, err := nettest.Dial(c.outside, "203.0.113.50:8080", 300*time.Millisecond); err == nil {
+		t.Fatal("the deleted FIP still answers")
+	}
+}
