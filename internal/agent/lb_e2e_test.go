@@ -3,7 +3,9 @@ package agent_test
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -393,4 +395,97 @@ func TestFloatingIPE2E(t *testing.T) {
 	if _, err := nettest.Dial(c.outside, "203.0.113.50:8080", 300*time.Millisecond); err == nil {
 		t.Fatal("the deleted FIP still answers")
 	}
+}
+
+// TestLBAgentKill9Churn: while load balancers are created, deleted, given
+// new members and affinity, the agent is killed with SIGKILL and started
+// again; its table then converges to exactly the controller's state:
+// every VIP and no other, every member, one pick chain per class in use.
+func TestLBAgentKill9Churn(t *testing.T) {
+	ctx := t.Context()
+	c := newCluster(t, 1)
+	h := c.hosts[0]
+	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "lbchurn"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := proj.ID
+	sn := c.network(ctx, pid, "net", "10.40.0.0/24")
+	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: "10.96.0.0/22",
+		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchor := c.newPod(ctx, t, pid, sn.ID, h) // makes the VPC local to h
+	c.waitUp(ctx, t, pid, anchor)
+	members := func(i int) []controllerapi.Member {
+		var ms []controllerapi.Member
+		for j := range 1 + i%3 {
+			ms = append(ms, controllerapi.Member{Address: fmt.Sprintf("10.40.0.%d", 100+(i+j)%100)})
+		}
+		return ms
+	}
+	var ids []string
+	const ops = 150
+	for i := range ops {
+		switch {
+		case i%5 == 3 && len(ids) > 0:
+			id := ids[i%len(ids)]
+			ids = append(ids[:i%len(ids)], ids[i%len(ids)+1:]...)
+			if err := c.c.DeleteLoadBalancer(ctx, pid, id); err != nil {
+				t.Fatalf("op %d: delete: %v", i, err)
+			}
+		case i%5 == 4 && len(ids) > 0:
+			if _, err := c.c.SetMembers(ctx, pid, ids[(i*7)%len(ids)], members(i+1)); err != nil {
+				t.Fatalf("op %d: set members: %v", i, err)
+			}
+		case i%7 == 6 && len(ids) > 0:
+			if _, err := c.c.UpdateLoadBalancer(ctx, pid, ids[(i*3)%len(ids)], controllerapi.LoadBalancerUpdate{
+				SessionPersistence: &controllerapi.SessionPersistence{Type: controllerapi.PersistenceSourceIP, Timeout: 60 + i}}); err != nil {
+				t.Fatalf("op %d: affinity: %v", i, err)
+			}
+		default:
+			lb, err := c.c.CreateLoadBalancer(ctx, pid, controllerapi.LoadBalancer{VIPSubnetID: svc.ID,
+				Listeners: []controllerapi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 8080}}, Members: members(i)})
+			if err != nil {
+				t.Fatalf("op %d: create: %v", i, err)
+			}
+			ids = append(ids, lb.ID)
+		}
+		switch i {
+		case ops / 3:
+			h.proc.kill9()
+		case 2 * ops / 3:
+			c.startAgent(h)
+		}
+	}
+	want, err := c.c.ListLoadBalancers(ctx, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantVIPs, wantBackends, classes := map[string]bool{}, 0, map[string]bool{}
+	for _, l := range want {
+		wantVIPs[l.VIPAddress] = true
+		wantBackends += len(l.Members)
+		cl := fmt.Sprint(len(l.Members))
+		if l.SessionPersistence != nil {
+			cl += fmt.Sprintf("-aff-%d", l.SessionPersistence.Timeout)
+		}
+		classes[cl] = true
+	}
+	vipRE := regexp.MustCompile(`\. (10\.96\.\d+\.\d+) \. tcp \. 80 :`)
+	until(t, 20*time.Second, "agent converges on the controller's state", func() error {
+		table := lbTable(t, h)
+		got := map[string]bool{}
+		for _, m := range vipRE.FindAllStringSubmatch(table, -1) {
+			got[m[1]] = true
+		}
+		s, b, ch := lbElements(t, h)
+		if !maps.Equal(got, wantVIPs) || s != len(want) || b != wantBackends || ch != len(classes) {
+			return fmt.Errorf("%d VIPs (want %d, same set %v), services %d, backends %d (want %d), pick chains %d (want %d)",
+				len(got), len(wantVIPs), maps.Equal(got, wantVIPs), s, b, wantBackends, ch, len(classes))
+		}
+		return nil
+	})
+	t.Logf("%d load balancers, %d members", len(want), wantBackends)
 }
