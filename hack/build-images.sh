@@ -173,3 +173,25 @@ stager_image() {
 }
 stager_image
 # --- end default stager image ---
+
+# --- Kubernetes test images (internal/testutil/kubecluster; owner: k8s-cluster) ---
+# bin/images/k8s-pause.tar and k8s-echo.tar: docker-save image tarballs of
+# the static programs under test/k8simages, named kurma.dev/k8s-pause:latest
+# and kurma.dev/k8s-echo:latest. No registry is reachable in CI; the test
+# clusters `ctr images import` them into their own containerd, whose CRI
+# uses k8s-pause as the sandbox image.
+k8s_test_images() {
+  local stage p
+  [ -x "$BIN/kurma-acbuild" ] || { echo "k8s images: $BIN/kurma-acbuild missing (make binaries)" >&2; return 1; }
+  stage=$(mktemp -d)
+  trap 'rm -rf "${stage:-}"; trap - RETURN' RETURN
+  for p in pause echo; do
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$stage/$p" ./test/k8simages/$p
+    "$BIN/kurma-acbuild" oci-layout -o "$BIN/images/k8s-$p.tar" --tarball --name kurma.dev/k8s-$p \
+      --tag kurma.dev/k8s-$p:latest --exec /$p --label os=linux --label arch="$(go env GOARCH)" \
+      --add "$stage/$p:/$p" >/dev/null
+  done
+  echo "built $BIN/images/k8s-pause.tar and k8s-echo.tar"
+}
+k8s_test_images
+# --- end Kubernetes test images ---

@@ -1,0 +1,388 @@
+// Command k8s measures pod start on a real single-node cluster (etcd,
+// kube-apiserver, containerd, kubelet; internal/testutil/kubecluster) for
+// each CNI setup named by -cni: one pod alone, then -pods pods with
+// spec.nodeName created at once: time from the first create to all Running,
+// per-pod create→Running p50/p99 (watched through the API, and the
+// kubelet's own podStartSLOduration), and the latency of the network
+// plugin's ADD under that load, timed by a wrapper (cnitimer) around the
+// plugin. The peer is "bridge": the upstream bridge + host-local plugins.
+// Ratios against the peer are printed when more than one setup runs.
+//
+// Adding a setup (e.g. Kurma's driver): write a func of type setupFunc that
+// returns the conflist, the plugin folder, the plugin to time and anything
+// to run beside the node, and register it in setups.
+//
+// Run as root after `make build`: go run ./bench/k8s [-pods 100] [-cni bridge].
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"kurma.dev/kurma/internal/testutil/kubecluster"
+)
+
+// setup is one node CNI configuration to measure.
+type setup struct {
+	// ConfList and BinDir are the node's CNI config and plugin folder.
+	ConfList []byte
+	BinDir   string
+	// Timed is the plugin whose calls cnitimer records (it wraps
+	// BinDir/Timed).
+	Timed string
+	// Started, if set, runs once the cluster is up (e.g. to start a
+	// watcher and an agent with c.StartProcess) before any pod is made.
+	Started func(ctx context.Context, c *kubecluster.Cluster) error
+}
+
+// setupFunc prepares a setup in the scratch folder tmp.
+type setupFunc func(ctx context.Context, binDir, tmp string) (setup, error)
+
+// setups are the CNI configurations -cni can name; "bridge" is the peer.
+var setups = map[string]setupFunc{
+	"bridge": bridgeSetup,
+}
+
+func bridgeSetup(_ context.Context, binDir, tmp string) (setup, error) {
+	leases := filepath.Join(tmp, "leases")
+	return setup{
+		ConfList: kubecluster.BridgeConfList("kbench0", "10.245.0.0/16", leases),
+		BinDir:   filepath.Join(binDir, "cni"),
+		Timed:    "bridge",
+	}, nil
+}
+
+// figures are one setup's results.
+type figures struct {
+	single       time.Duration   // one pod alone, create → Running
+	all          time.Duration   // first create → last Running
+	perPod       []time.Duration // create returned → Running seen
+	slo          []time.Duration // kubelet podStartSLOduration
+	add          []time.Duration // timed plugin's ADD calls
+	addFailed    int
+	deleteAll    time.Duration // delete of all → none left
+	sandboxTries int           // ADD calls per pod, on average ×100
+}
+
+func main() {
+	n := flag.Int("pods", 100, "pods created at once")
+	names := flag.String("cni", "bridge", "comma-separated CNI setups to measure, peer first ("+strings.Join(keys(), ", ")+")")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench/k8s: needs root")
+		os.Exit(1)
+	}
+	ctx := context.Background()
+	binDir := kubecluster.BinDir()
+	var results []figures
+	list := strings.Split(*names, ",")
+	for _, name := range list {
+		f, ok := setups[name]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "bench/k8s: unknown setup %q (have %v)\n", name, keys())
+			os.Exit(2)
+		}
+		r, err := measure(ctx, name, f, binDir, *n)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench/k8s: %s: %v\n", name, err)
+			os.Exit(1)
+		}
+		results = append(results, r)
+		report(name, *n, r)
+	}
+	for i := 1; i < len(results); i++ {
+		p, r := results[0], results[i]
+		fmt.Printf("%s vs %s: all Running %.2f×, per-pod p50 %.2f× p99 %.2f×, ADD p50 %.3f× p99 %.3f×\n",
+			list[i], list[0], ratio(r.all, p.all), ratio(pct(r.perPod, 50), pct(p.perPod, 50)),
+			ratio(pct(r.perPod, 99), pct(p.perPod, 99)), ratio(pct(r.add, 50), pct(p.add, 50)),
+			ratio(pct(r.add, 99), pct(p.add, 99)))
+	}
+}
+
+func keys() []string {
+	var k []string
+	for n := range setups {
+		k = append(k, n)
+	}
+	slices.Sort(k)
+	return k
+}
+
+// measure runs one setup on a fresh cluster.
+func measure(ctx context.Context, name string, f setupFunc, binDir string, n int) (r figures, err error) {
+	tmp, err := os.MkdirTemp("", "kbench-"+name)
+	if err != nil {
+		return r, err
+	}
+	defer os.RemoveAll(tmp)
+	s, err := f(ctx, binDir, tmp)
+	if err != nil {
+		return r, err
+	}
+	wrapped, err := wrapPlugin(tmp, s.BinDir, s.Timed)
+	if err != nil {
+		return r, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	c, err := kubecluster.Start(sctx, kubecluster.Options{
+		BinDir: binDir, CNIConfList: s.ConfList, CNIBinDir: wrapped,
+		KubeletArgs: []string{"--v=2"},
+	})
+	if err != nil {
+		return r, err
+	}
+	defer func() {
+		if cerr := c.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if s.Started != nil {
+		if err := s.Started(ctx, c); err != nil {
+			return r, err
+		}
+	}
+	ctx, cancel = context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+	pods := c.Client.CoreV1().Pods("default")
+
+	// One pod alone (this also warms the image and the kubelet).
+	t0 := time.Now()
+	if _, err := pods.Create(ctx, benchPod("single", c.NodeName), metav1.CreateOptions{}); err != nil {
+		return r, err
+	}
+	if _, err := c.WaitPodsRunning(ctx, "default", "bench=single", 1); err != nil {
+		return r, err
+	}
+	r.single = time.Since(t0)
+	if err := deleteAll(ctx, c, "bench=single"); err != nil {
+		return r, err
+	}
+	timings := filepath.Join(wrapped, ".timings")
+	_ = os.Remove(timings)
+	sloBefore := len(sloDurations(c))
+
+	// n pods at once; a watch started first sees every Running.
+	w, err := pods.Watch(ctx, metav1.ListOptions{LabelSelector: "bench=many"})
+	if err != nil {
+		return r, err
+	}
+	defer w.Stop()
+	created := make([]time.Time, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			p := benchPod(fmt.Sprintf("many-%03d", i), c.NodeName)
+			if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				errs <- err
+				return
+			}
+			created[i] = time.Now()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return r, fmt.Errorf("create: %w", err)
+	}
+	running := map[string]time.Time{}
+	for len(running) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return r, fmt.Errorf("watch closed with %d/%d Running", len(running), n)
+			}
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod || ev.Type == watch.Deleted {
+				continue
+			}
+			if _, seen := running[p.Name]; !seen && p.Status.Phase == corev1.PodRunning {
+				running[p.Name] = time.Now()
+			}
+		case <-ctx.Done():
+			return r, fmt.Errorf("%d/%d Running: %w", len(running), n, ctx.Err())
+		}
+	}
+	var last time.Time
+	for i := range n {
+		at := running[fmt.Sprintf("many-%03d", i)]
+		r.perPod = append(r.perPod, at.Sub(created[i]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	r.all = last.Sub(start)
+	r.add, r.addFailed = readTimings(timings, "ADD")
+	r.sandboxTries = 100 * (len(r.add) + r.addFailed) / n
+	// The kubelet logs a pod's startup duration once it saw it running.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		slo := sloDurations(c)
+		if len(slo)-sloBefore >= n || time.Now().After(deadline) {
+			r.slo = slo[min(sloBefore, len(slo)):]
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t1 := time.Now()
+	if err := deleteAll(ctx, c, "bench=many"); err != nil {
+		return r, err
+	}
+	r.deleteAll = time.Since(t1)
+	return r, nil
+}
+
+// benchPod is a pod of the echo image bound to node.
+func benchPod(name, node string) *corev1.Pod {
+	group := "many"
+	if name == "single" {
+		group = "single"
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": group}},
+		Spec: corev1.PodSpec{
+			NodeName:                      node,
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{
+				Name: "echo", Image: kubecluster.EchoImage, ImagePullPolicy: corev1.PullNever,
+			}},
+		},
+	}
+}
+
+// deleteAll deletes the pods that match selector and waits until they are
+// gone.
+func deleteAll(ctx context.Context, c *kubecluster.Cluster, selector string) error {
+	zero := int64(0)
+	if err := c.Client.CoreV1().Pods("default").DeleteCollection(ctx,
+		metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{LabelSelector: selector}); err != nil {
+		return err
+	}
+	return c.WaitNoPods(ctx, "default", selector)
+}
+
+// wrapPlugin makes a plugin folder in tmp that links every plugin of src
+// and puts cnitimer in place of timed.
+func wrapPlugin(tmp, src, timed string) (string, error) {
+	dir := filepath.Join(tmp, "cni-bin")
+	if err := os.MkdirAll(filepath.Join(dir, ".real"), 0o755); err != nil {
+		return "", err
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return "", err
+	}
+	for _, e := range ents {
+		dst := filepath.Join(dir, e.Name())
+		if e.Name() == timed {
+			dst = filepath.Join(dir, ".real", e.Name())
+		}
+		if err := os.Symlink(filepath.Join(src, e.Name()), dst); err != nil {
+			return "", err
+		}
+	}
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, timed), "./cnitimer")
+	cmd.Dir = filepath.Dir(file)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build cnitimer: %w: %s", err, out)
+	}
+	return dir, nil
+}
+
+// readTimings returns the durations of the successful calls of command in
+// a cnitimer log, and the count of failed ones.
+func readTimings(path, command string) (durs []time.Duration, failed int) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fs := strings.Fields(s.Text())
+		if len(fs) != 5 || fs[0] != command {
+			continue
+		}
+		ns, err1 := strconv.ParseInt(fs[3], 10, 64)
+		code, err2 := strconv.Atoi(fs[4])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if code != 0 {
+			failed++
+			continue
+		}
+		durs = append(durs, time.Duration(ns))
+	}
+	return durs, failed
+}
+
+var sloRE = regexp.MustCompile(`podStartSLOduration=([0-9.]+)`)
+
+// sloDurations returns every podStartSLOduration the kubelet logged.
+func sloDurations(c *kubecluster.Cluster) []time.Duration {
+	b, err := os.ReadFile(filepath.Join(c.Dir, "logs", "kubelet.log"))
+	if err != nil {
+		return nil
+	}
+	var out []time.Duration
+	for _, m := range sloRE.FindAllSubmatch(b, -1) {
+		if v, err := strconv.ParseFloat(string(m[1]), 64); err == nil {
+			out = append(out, time.Duration(v*float64(time.Second)))
+		}
+	}
+	return out
+}
+
+// pct is the p-th percentile (nearest rank) of ds.
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func report(name string, n int, r figures) {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
+	fmt.Printf("== %s\n", name)
+	fmt.Printf("one pod alone: create → Running %s\n", ms(r.single))
+	fmt.Printf("%d pods at once: first create → all Running %s\n", n, ms(r.all))
+	fmt.Printf("  per pod create → Running (API watch): p50 %s, p99 %s, max %s\n",
+		ms(pct(r.perPod, 50)), ms(pct(r.perPod, 99)), ms(pct(r.perPod, 100)))
+	fmt.Printf("  kubelet podStartSLOduration (%d logged): p50 %s, p99 %s\n",
+		len(r.slo), ms(pct(r.slo, 50)), ms(pct(r.slo, 99)))
+	fmt.Printf("  CNI ADD under load (%d ok, %d failed, %.2f per pod): p50 %s, p90 %s, p99 %s, max %s\n",
+		len(r.add), r.addFailed, float64(r.sandboxTries)/100, ms(pct(r.add, 50)), ms(pct(r.add, 90)),
+		ms(pct(r.add, 99)), ms(pct(r.add, 100)))
+	fmt.Printf("  delete all → none left %s\n", ms(r.deleteAll))
+}

@@ -1,0 +1,409 @@
+package kubecluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"kurma.dev/kurma/internal/testutil"
+)
+
+// Fixed addresses inside the cluster's own network namespace.
+const (
+	// NodeIP is the node's InternalIP, an address on the namespace's lo.
+	NodeIP       = "10.253.0.1"
+	apiPort      = 6443
+	etcdPort     = 2379
+	etcdPeerPort = 2380
+	// ServiceCIDR is the API server's --service-cluster-ip-range.
+	ServiceCIDR = "10.96.0.0/16"
+	// PauseImage and EchoImage are the offline images every node has
+	// (test/k8simages): the sandbox image and the test app.
+	PauseImage = "kurma.dev/k8s-pause:latest"
+	EchoImage  = "kurma.dev/k8s-echo:latest"
+)
+
+// Options say which parts of a cluster to run.
+type Options struct {
+	// BinDir is where `make build` put its output; default
+	// $KURMA_BIN_DIR, else <repo>/bin.
+	BinDir string
+	// NodeName is the kubelet's node name; default "kurma-node".
+	NodeName string
+	// NoNode runs only etcd and kube-apiserver (plus the controllers
+	// asked for): no containerd, no kubelet.
+	NoNode bool
+	// ControllerManager and Scheduler start those components, needed
+	// for Deployments (ReplicaSets, EndpointSlices) and for pods without
+	// spec.nodeName.
+	ControllerManager, Scheduler bool
+	// CNIConfList is the node's CNI network configuration (a conflist),
+	// written as the only file of the CRI's conf dir. Without it the node
+	// stays NotReady and Start does not wait for Ready.
+	CNIConfList []byte
+	// CNIBinDir holds the plugins CNIConfList names. The node's plugin
+	// folder links every file of it, plus the upstream loopback plugin
+	// (containerd runs it for every sandbox) when it is missing.
+	// Default: <BinDir>/cni.
+	CNIBinDir string
+	// KubeletArgs are extra kubelet flags (e.g. --v=2).
+	KubeletArgs []string
+	// APIServerArgs are extra kube-apiserver flags.
+	APIServerArgs []string
+}
+
+// Cluster is a running cluster. Its API server listens on 127.0.0.1 inside
+// the cluster's network namespace: Config and Client dial through the
+// namespace, and processes that use Kubeconfig must run there too
+// (Command, StartProcess).
+type Cluster struct {
+	// Dir is the cluster's folder (configs, state, logs).
+	Dir string
+	// NetNS is the path of the cluster's network namespace.
+	NetNS string
+	// Kubeconfig is an admin kubeconfig (static token).
+	Kubeconfig string
+	// Token is the admin bearer token.
+	Token string
+	// Config and Client are admin clients for the API server.
+	Config *rest.Config
+	Client kubernetes.Interface
+	// NodeName is the kubelet's node; CgroupRoot its cgroup root.
+	NodeName, CgroupRoot string
+	// ContainerdSocket is the node's CRI endpoint (a path).
+	ContainerdSocket string
+	// CNIConfDir and CNIBinDir are the node's CNI folders.
+	CNIConfDir, CNIBinDir string
+	// BinDir is the build output in use.
+	BinDir string
+
+	netns   ns.NetNS
+	spawn   *spawner
+	lock    *os.File
+	sysctls map[string]string
+	// newDirs are the hostDirs that did not exist when the node started.
+	newDirs []string
+
+	mu    sync.Mutex // guards procs
+	procs []*Process // in start order
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// BinDir returns the folder `make build` writes to: $KURMA_BIN_DIR, else
+// <repo>/bin.
+func BinDir() string {
+	if d := os.Getenv("KURMA_BIN_DIR"); d != "" {
+		return d
+	}
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "bin")
+}
+
+// Binaries returns the build outputs a cluster with opts needs that are
+// missing from binDir.
+func Binaries(binDir string, opts Options) (missing []string) {
+	need := []string{"tools/etcd", "k8s/kube-apiserver", "k8s/kubectl"}
+	if opts.ControllerManager {
+		need = append(need, "k8s/kube-controller-manager")
+	}
+	if opts.Scheduler {
+		need = append(need, "k8s/kube-scheduler")
+	}
+	if !opts.NoNode {
+		need = append(need, "k8s/kubelet", "images/k8s-pause.tar", "images/k8s-echo.tar", "cni/loopback")
+	}
+	for _, n := range need {
+		if _, err := os.Stat(filepath.Join(binDir, n)); err != nil {
+			missing = append(missing, n)
+		}
+	}
+	return missing
+}
+
+// HostTools returns the host programs a node needs that are not installed.
+func HostTools() (missing []string) {
+	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr"} {
+		if _, err := exec.LookPath(b); err != nil {
+			missing = append(missing, b)
+		}
+	}
+	return missing
+}
+
+// Start runs a cluster and returns once the API server is ready and, with a
+// node and a CNI configuration, the node is Ready. On error everything it
+// started is undone. The caller must Close the cluster.
+func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
+	if !isRoot() {
+		return nil, errors.New("kubecluster: needs root")
+	}
+	if opts.BinDir == "" {
+		opts.BinDir = BinDir()
+	}
+	if opts.NodeName == "" {
+		opts.NodeName = "kurma-node"
+	}
+	if opts.CNIBinDir == "" {
+		opts.CNIBinDir = filepath.Join(opts.BinDir, "cni")
+	}
+	if m := Binaries(opts.BinDir, opts); len(m) > 0 {
+		return nil, fmt.Errorf("kubecluster: missing %v in %s (make build)", m, opts.BinDir)
+	}
+	if !opts.NoNode {
+		if m := HostTools(); len(m) > 0 {
+			return nil, fmt.Errorf("kubecluster: %v not installed (hack/apt-packages.txt)", m)
+		}
+	}
+	lock, err := hostLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{lock: lock, NodeName: opts.NodeName, BinDir: opts.BinDir}
+	defer func() {
+		if retErr != nil {
+			if cerr := c.Close(); cerr != nil {
+				retErr = fmt.Errorf("%w (and cleanup: %v)", retErr, cerr)
+			}
+			c = nil
+		}
+	}()
+	if c.Dir, err = os.MkdirTemp("", "kkc"); err != nil {
+		return c, err
+	}
+	if c.netns, err = testutils.NewNS(); err != nil {
+		return c, fmt.Errorf("create netns: %w", err)
+	}
+	c.NetNS = c.netns.Path()
+	if err := c.netns.Do(func(ns.NetNS) error { return setupLoopback() }); err != nil {
+		return c, err
+	}
+	if c.spawn, err = newSpawner(c.NetNS); err != nil {
+		return c, err
+	}
+	if err := c.startControlPlane(ctx, opts); err != nil {
+		return c, err
+	}
+	if opts.NoNode {
+		return c, nil
+	}
+	if err := c.startNode(ctx, opts); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func isRoot() bool { return os.Geteuid() == 0 }
+
+// setupLoopback brings lo up and puts NodeIP on it.
+func setupLoopback() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return err
+	}
+	addr, err := netlink.ParseAddr(NodeIP + "/32")
+	if err != nil {
+		return err
+	}
+	return netlink.AddrAdd(lo, addr)
+}
+
+// Close stops and removes everything the cluster made. It is safe to call
+// more than once.
+func (c *Cluster) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.teardown() })
+	return c.closeErr
+}
+
+func (c *Cluster) teardown() error {
+	var errs []error
+	c.mu.Lock()
+	procs := append([]*Process(nil), c.procs...)
+	c.mu.Unlock()
+	byName := map[string]*Process{}
+	for _, p := range procs {
+		byName[p.Name] = p
+	}
+	// Caller processes first, newest first; then the kubelet, so that
+	// nothing recreates pods; then the sandboxes through the CRI (their
+	// CNI DEL runs), then the daemons.
+	for i := len(procs) - 1; i >= 0; i-- {
+		if !daemonNames[procs[i].Name] {
+			procs[i].Stop(5 * time.Second)
+		}
+	}
+	for _, n := range []string{"kubelet", "kube-scheduler", "kube-controller-manager"} {
+		if p := byName[n]; p != nil {
+			p.Stop(10 * time.Second)
+		}
+	}
+	if p := byName["containerd"]; p != nil {
+		if err := c.removeSandboxes(); err != nil {
+			errs = append(errs, err)
+		}
+		p.Stop(10 * time.Second)
+		if err := c.killShims(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.CgroupRoot != "" {
+		if err := removeCgroups(c.CgroupRoot); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, n := range []string{"kube-apiserver", "etcd"} {
+		if p := byName[n]; p != nil {
+			p.Stop(10 * time.Second)
+		}
+	}
+	if c.spawn != nil {
+		c.spawn.stop()
+	}
+	if c.Dir != "" {
+		if err := unmountUnder(c.Dir); err != nil {
+			errs = append(errs, err)
+		}
+		if err := removeContainerLogLinks(c.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	removeEmptyDirs(c.newDirs)
+	if err := restoreSysctls(c.sysctls); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Dir != "" {
+		if err := os.RemoveAll(c.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.netns != nil {
+		_ = c.netns.Close()
+		if err := testutil.RemoveNetNS(c.NetNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.lock != nil {
+		_ = c.lock.Close() // releases the flock
+	}
+	return errors.Join(errs...)
+}
+
+// daemonNames are the processes the harness itself starts.
+var daemonNames = map[string]bool{"etcd": true, "kube-apiserver": true, "kube-controller-manager": true,
+	"kube-scheduler": true, "containerd": true, "kubelet": true}
+
+// StartProcess starts cmd inside the cluster's network namespace (sharing
+// the host's mount namespace), with SIGKILL as its parent-death signal. Its
+// output goes to <Dir>/logs/<name>.log unless cmd sets Stdout/Stderr. Close
+// stops it (SIGTERM, then SIGKILL) before the cluster's own daemons.
+func (c *Cluster) StartProcess(name string, cmd *exec.Cmd) (*Process, error) {
+	p := &Process{Name: name, Cmd: cmd, done: make(chan struct{})}
+	var logf *os.File
+	if cmd.Stdout == nil && cmd.Stderr == nil {
+		if err := os.MkdirAll(filepath.Join(c.Dir, "logs"), 0o755); err != nil {
+			return nil, err
+		}
+		p.Log = filepath.Join(c.Dir, "logs", name+".log")
+		f, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		logf = f
+		cmd.Stdout, cmd.Stderr = f, f
+	}
+	if err := c.spawn.start(cmd); err != nil {
+		if logf != nil {
+			_ = logf.Close()
+		}
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() {
+		p.waitErr = cmd.Wait()
+		if logf != nil {
+			_ = logf.Close()
+		}
+		close(p.done)
+	}()
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	return p, nil
+}
+
+// Command returns a one-shot command that runs name inside the cluster's
+// network namespace (through nsenter), with KUBECONFIG set to the admin
+// kubeconfig.
+func (c *Cluster) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS, "--", name}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// Kubectl runs bin/k8s/kubectl with args against the cluster and returns
+// its combined output.
+func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
+	out, err := c.Command(ctx, filepath.Join(c.BinDir, "k8s", "kubectl"), args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %v: %w: %s", args, err, out)
+	}
+	return string(out), nil
+}
+
+// Do runs f on a thread inside the cluster's network namespace (for
+// dialing pods or reading links there).
+func (c *Cluster) Do(f func() error) error {
+	return c.netns.Do(func(ns.NetNS) error { return f() })
+}
+
+// DialContext dials from inside the cluster's network namespace. The
+// connection's socket belongs to the namespace for its whole life.
+func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := c.Do(func() error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
+}
+
+// Logs returns the tail (up to max bytes) of a process's log, for failure
+// messages.
+func (c *Cluster) Logs(name string, max int) string {
+	b, err := os.ReadFile(filepath.Join(c.Dir, "logs", name+".log"))
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
+
+// randHex returns n random bytes in hex.
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
