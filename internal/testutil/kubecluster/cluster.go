@@ -349,6 +349,13 @@ func (c *Cluster) StartProcess(name string, cmd *exec.Cmd) (*Process, error) {
 	return p, nil
 }
 
+// Processes returns the processes started so far, in start order.
+func (c *Cluster) Processes() []*Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Process(nil), c.procs...)
+}
+
 // Command returns a one-shot command that runs name inside the cluster's
 // network namespace (through nsenter), with KUBECONFIG set to the admin
 // kubeconfig.

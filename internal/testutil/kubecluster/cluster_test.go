@@ -25,6 +25,7 @@ import (
 // pod answers over TCP and UDP from the node's namespace, deleting it frees
 // every address and veth, and closing the cluster leaves nothing on the host.
 func TestDeploymentOverBridge(t *testing.T) {
+	hostHad := existing("/run/containerd", "/var/log/containers", "/var/lib/cni")
 	sysctlsBefore := readSysctls(t)
 	leases := t.TempDir()
 	const subnet = "10.244.7.0/24"
@@ -116,7 +117,7 @@ func TestDeploymentOverBridge(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
-	assertGone(t, dir, nsPath, cg, sock)
+	assertGone(t, dir, nsPath, cg, sock, hostHad)
 	if after := readSysctls(t); after != sysctlsBefore {
 		t.Errorf("kernel settings the kubelet changed not restored: %q, was %q", after, sysctlsBefore)
 	}
@@ -153,7 +154,7 @@ func TestAPIServerOnly(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
-	assertGone(t, dir, nsPath, "", "")
+	assertGone(t, dir, nsPath, "", "", nil)
 }
 
 // ask sends one request line (TCP) or datagram (UDP) from the node's
@@ -209,9 +210,20 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() (bool, 
 	}
 }
 
+// existing says which of paths exist.
+func existing(paths ...string) map[string]bool {
+	m := map[string]bool{}
+	for _, p := range paths {
+		_, err := os.Stat(p)
+		m[p] = err == nil
+	}
+	return m
+}
+
 // assertGone checks that a closed cluster left nothing on the host: no
-// folder, namespace, mount, cgroup, container log link or runc shim.
-func assertGone(t *testing.T, dir, nsPath, cgroupRoot, sock string) {
+// folder, namespace, mount, cgroup, container log link or runc shim, and
+// none of the host folders a node may create that hostHad says were absent.
+func assertGone(t *testing.T, dir, nsPath, cgroupRoot, sock string, hostHad map[string]bool) {
 	t.Helper()
 	for _, p := range []string{dir, nsPath} {
 		if _, err := os.Stat(p); err == nil {
@@ -237,6 +249,11 @@ func assertGone(t *testing.T, dir, nsPath, cgroupRoot, sock string) {
 	for _, l := range links {
 		if tgt, _ := os.Readlink(l); strings.HasPrefix(tgt, dir) {
 			t.Errorf("container log link left behind: %s", l)
+		}
+	}
+	for d, had := range hostHad {
+		if _, err := os.Stat(d); err == nil && !had {
+			t.Errorf("%s left behind", d)
 		}
 	}
 	if sock != "" {

@@ -126,12 +126,18 @@ func createCgroups(root string) error {
 }
 
 // removeCgroups kills what is left in root's cgroup trees and removes them,
-// deepest first.
+// deepest first, in every v1 hierarchy and in the v2 one of a hybrid
+// host, where the kubelet's runc makes them too.
 func removeCgroups(root string) error {
 	hs, err := mounts("cgroup")
 	if err != nil {
 		return err
 	}
+	v2, err := mounts("cgroup2")
+	if err != nil {
+		return err
+	}
+	hs = append(hs, v2...)
 	var errs []error
 	for _, h := range hs {
 		top := filepath.Join(h, root)
@@ -263,7 +269,8 @@ func removeContainerLogLinks(dir string) error {
 // hostDirs are folders outside the cluster's own that the node's daemons
 // create when missing (shim sockets, the kubelet's log links, libcni's
 // cache). Close removes those that did not exist before, once empty.
-var hostDirs = []string{"/run/containerd/s", "/run/containerd", containerLogDir,
+var hostDirs = []string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/containerd/runc",
+	"/run/containerd", containerLogDir,
 	"/var/lib/cni/results", "/var/lib/cni"}
 
 // missingHostDirs returns the hostDirs that do not exist now.

@@ -22,8 +22,8 @@ func StartT(t testing.TB, opts Options) *Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, n := range []string{"kubelet", "containerd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"} {
-				t.Logf("--- %s (tail) ---\n%s", n, c.Logs(n, 3000))
+			for _, p := range c.Processes() {
+				t.Logf("--- %s (tail) ---\n%s", p.Name, c.Logs(p.Name, 3000))
 			}
 		}
 		if err := c.Close(); err != nil {
