@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/internal/kube/watcher"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -52,6 +53,11 @@ func run() error {
 		leaseName     = flag.String("lease-name", "kurma-k8s-watcher", "name of the leader Lease")
 		identity      = flag.String("identity", "", "this replica's identity in the Lease (default: $POD_NAME, else the hostname)")
 		leaseDuration = flag.Duration("lease-duration", 12*time.Second, "Lease duration (a dead leader is replaced after at most this + retry period)")
+		serviceCIDR   = flag.String("service-cidr", "", "the API server's --service-cluster-ip-range; set, Services become load balancers (internal/kube/services)")
+		svcSubnet     = flag.String("service-subnet", "k8s-services", "controller id of the service subnet covering --service-cidr (created when missing)")
+		extNet        = flag.String("external-network", "public", "controller external network floating IPs of LoadBalancer Services come from")
+		lbClass       = flag.String("load-balancer-class", "kurma.dev/floating-ip", "loadBalancerClass served besides unset")
+		svcLease      = flag.String("services-lease-name", "kurma-k8s-services", "name of the Services reconciler's leader Lease")
 		verbose       = flag.Bool("v", false, "debug logging")
 	)
 	flag.Parse()
@@ -111,14 +117,53 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	var svc *services.Reconciler
+	if *serviceCIDR != "" {
+		sp, err := netip.ParsePrefix(*serviceCIDR)
+		if err != nil {
+			return fmt.Errorf("--service-cidr %q: %w", *serviceCIDR, err)
+		}
+		scfg := services.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, ServiceCIDR: sp,
+			ServiceSubnet: *svcSubnet, ExternalNetwork: *extNet, Class: *lbClass, Workers: *workers,
+			Resync: *resync, Logger: log}
+		if cfg.Lease != nil {
+			l := *cfg.Lease
+			scfg.Lease = &services.Lease{Namespace: l.Namespace, Name: *svcLease, Identity: l.Identity,
+				Duration: l.Duration, RenewDeadline: l.RenewDeadline, RetryPeriod: l.RetryPeriod}
+		}
+		if svc, err = services.New(scfg); err != nil {
+			return err
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log.Info("kurma-k8s-watcher starting", "controller", *controllerURL, "project", *project, "vpc", *vpc,
-		"pool", pfx, "leader_elect", *leaderElect)
-	err = w.Run(ctx)
+		"pool", pfx, "leader_elect", *leaderElect, "service_cidr", *serviceCIDR)
+	err = runBoth(ctx, w.Run, svc)
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
 	log.Info("kurma-k8s-watcher stopped", "err", err)
 	return err
+}
+
+// runBoth runs the pod watcher and, when configured, the Services
+// reconciler until ctx ends or either returns; the first error wins and
+// stops the other.
+func runBoth(ctx context.Context, pods func(context.Context) error, svc *services.Reconciler) error {
+	if svc == nil {
+		return pods(ctx)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- pods(ctx) }()
+	go func() { errs <- svc.Run(ctx) }()
+	first := <-errs
+	cancel()
+	second := <-errs
+	if first != nil {
+		return first
+	}
+	return second
 }

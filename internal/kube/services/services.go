@@ -1,0 +1,374 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// ErrLostLease ends Run when another replica took the lease.
+var ErrLostLease = errors.New("services: lost the leader lease")
+
+// Controller is the part of the controller API the reconciler uses;
+// *controllerapi.Client implements it.
+type Controller interface {
+	GetVPC(ctx context.Context, projectID, id string) (*controllerapi.VPC, error)
+	GetSubnet(ctx context.Context, projectID, id string) (*controllerapi.Subnet, error)
+	CreateSubnet(ctx context.Context, projectID string, s controllerapi.Subnet) (*controllerapi.Subnet, error)
+	ListLoadBalancers(ctx context.Context, projectID string) ([]controllerapi.LoadBalancer, error)
+	GetLoadBalancer(ctx context.Context, projectID, id string) (*controllerapi.LoadBalancer, error)
+	CreateLoadBalancer(ctx context.Context, projectID string, lb controllerapi.LoadBalancer) (*controllerapi.LoadBalancer, error)
+	UpdateLoadBalancer(ctx context.Context, projectID, id string, u controllerapi.LoadBalancerUpdate) (*controllerapi.LoadBalancer, error)
+	SetMembers(ctx context.Context, projectID, id string, members []controllerapi.Member) (*controllerapi.LoadBalancer, error)
+	DeleteLoadBalancer(ctx context.Context, projectID, id string) error
+	GetExternalNetwork(ctx context.Context, id string) (*controllerapi.ExternalNetwork, error)
+	ListFloatingIPs(ctx context.Context, projectID string) ([]controllerapi.FloatingIP, error)
+	GetFloatingIP(ctx context.Context, projectID, id string) (*controllerapi.FloatingIP, error)
+	CreateFloatingIP(ctx context.Context, projectID string, f controllerapi.FloatingIP) (*controllerapi.FloatingIP, error)
+	AssociateFloatingIP(ctx context.Context, projectID, id string, a controllerapi.FloatingIPAssociation) (*controllerapi.FloatingIP, error)
+	DeleteFloatingIP(ctx context.Context, projectID, id string) error
+}
+
+var _ Controller = (*controllerapi.Client)(nil)
+
+// Lease configures leader election on a coordination.k8s.io Lease (as
+// internal/kube/watcher's, on a Lease of its own).
+type Lease struct {
+	Namespace, Name, Identity            string
+	Duration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// DefaultClass is the loadBalancerClass this package serves (besides
+// Services that name no class).
+const DefaultClass = "kurma.dev/floating-ip"
+
+// Config configures a Reconciler.
+type Config struct {
+	Kube       kubernetes.Interface
+	Controller Controller
+	// Project and VPC are the cluster's controller project and VPC (made
+	// by internal/kube/watcher; the reconciler waits for the VPC).
+	// Defaults "k8s" and "k8s-pods".
+	Project, VPC string
+	// ServiceCIDR is the API server's --service-cluster-ip-range
+	// (required). ServiceSubnet is the id of the service subnet that
+	// covers it (default "k8s-services"), created when missing.
+	ServiceCIDR   netip.Prefix
+	ServiceSubnet string
+	// ExternalNetwork is the id of the external network floating IPs come
+	// from (default "public"). When it does not exist, ClusterIPs keep
+	// working and every LoadBalancer Service gets a Warning Event.
+	ExternalNetwork string
+	// Class is the loadBalancerClass served besides unset
+	// (DefaultClass when empty).
+	Class string
+	// Workers is the number of Services synced in parallel (default 8).
+	Workers int
+	// Coalesce is how long a changed Service waits before its sync, so
+	// that a burst of events is synced once (default 2ms).
+	Coalesce time.Duration
+	// Resync is the period of the full resync (default 60s).
+	Resync time.Duration
+	Lease  *Lease
+	Logger *slog.Logger
+}
+
+// Reconciler keeps one load balancer (and floating IP) per Service. Build
+// it with New and call Run once.
+type Reconciler struct {
+	cfg  Config
+	kube kubernetes.Interface
+	c    Controller
+	log  *slog.Logger
+	q    workqueue.TypedRateLimitingInterface[string]
+	rec  record.EventRecorder
+	bc   record.EventBroadcaster
+
+	factory  informers.SharedInformerFactory
+	svcs     listersv1.ServiceLister
+	sliceIdx cache.Indexer
+	synced   []cache.InformerSynced
+
+	synced0 atomic.Bool // the initial resync is done
+
+	mu     sync.Mutex
+	lbs    map[string]*controllerapi.LoadBalancer // guarded by mu; by id, as last returned
+	fips   map[string]*controllerapi.FloatingIP   // guarded by mu; by id
+	byKey  map[string]string                      // guarded by mu; namespace/name -> lb id
+	warned map[types.UID]bool                     // guarded by mu; Services told the external network is missing
+	extOK  bool                                   // guarded by mu; the external network exists
+	// vpcPrefix holds every member address the controller accepts;
+	// guarded by mu, set by setup before the workers start.
+	vpcPrefix netip.Prefix
+}
+
+const (
+	resyncKey    = "\x00resync"
+	serviceIndex = "service"
+)
+
+// New checks cfg and builds the informers (started by Run).
+func New(cfg Config) (*Reconciler, error) {
+	if cfg.Kube == nil || cfg.Controller == nil {
+		return nil, kerrors.New(kerrors.Invalid, "services: a Kubernetes client and a controller client are required")
+	}
+	if !cfg.ServiceCIDR.IsValid() {
+		return nil, kerrors.New(kerrors.Invalid, "services: the service CIDR (--service-cluster-ip-range) is required")
+	}
+	cfg.ServiceCIDR = cfg.ServiceCIDR.Masked()
+	if cfg.Project == "" {
+		cfg.Project = "k8s"
+	}
+	if cfg.VPC == "" {
+		cfg.VPC = "k8s-pods"
+	}
+	if cfg.ServiceSubnet == "" {
+		cfg.ServiceSubnet = "k8s-services"
+	}
+	if cfg.ExternalNetwork == "" {
+		cfg.ExternalNetwork = "public"
+	}
+	if cfg.Class == "" {
+		cfg.Class = DefaultClass
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 8
+	}
+	if cfg.Coalesce <= 0 {
+		cfg.Coalesce = 2 * time.Millisecond
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if l := cfg.Lease; l != nil {
+		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
+			return nil, kerrors.New(kerrors.Invalid, "services: lease namespace, name and identity are required")
+		}
+		if l.Duration <= 0 {
+			l.Duration = 12 * time.Second
+		}
+		if l.RenewDeadline <= 0 {
+			l.RenewDeadline = 8 * time.Second
+		}
+		if l.RetryPeriod <= 0 {
+			l.RetryPeriod = 2 * time.Second
+		}
+	}
+	r := &Reconciler{
+		cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
+		q: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedMaxOfRateLimiter(
+				workqueue.NewTypedItemExponentialFailureRateLimiter[string](20*time.Millisecond, 30*time.Second),
+				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(1000), 5000)},
+			),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-services"}),
+		lbs: map[string]*controllerapi.LoadBalancer{}, fips: map[string]*controllerapi.FloatingIP{},
+		byKey: map[string]string{}, warned: map[types.UID]bool{},
+	}
+	r.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
+	svcInf := r.factory.Core().V1().Services()
+	sliceInf := r.factory.Discovery().V1().EndpointSlices()
+	if err := sliceInf.Informer().AddIndexers(cache.Indexers{serviceIndex: func(obj any) ([]string, error) {
+		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
+				return []string{s.Namespace + "/" + n}, nil
+			}
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
+	r.svcs, r.sliceIdx = svcInf.Lister(), sliceInf.Informer().GetIndexer()
+	r.synced = []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced}
+	enqueueSvc := func(o any) {
+		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+			o = t.Obj
+		}
+		if s, ok := o.(*corev1.Service); ok {
+			r.enqueue(s.Namespace + "/" + s.Name)
+		}
+	}
+	enqueueSlice := func(o any) {
+		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+			o = t.Obj
+		}
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
+				r.enqueue(s.Namespace + "/" + n)
+			}
+		}
+	}
+	if _, err := svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueueSvc, UpdateFunc: func(_, o any) { enqueueSvc(o) }, DeleteFunc: enqueueSvc,
+	}); err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
+	if _, err := sliceInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueueSlice,
+		UpdateFunc: func(old, o any) {
+			// A slice that moved to another Service updates both.
+			enqueueSlice(old)
+			enqueueSlice(o)
+		},
+		DeleteFunc: enqueueSlice,
+	}); err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
+	r.bc = record.NewBroadcaster()
+	r.rec = r.bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kurma-k8s-services"})
+	return r, nil
+}
+
+// enqueue schedules a Service's sync after the coalescing window: the
+// delaying queue keeps one entry per key, so the events of a burst are
+// synced once.
+func (r *Reconciler) enqueue(key string) { r.q.AddAfter(key, r.cfg.Coalesce) }
+
+// Run starts the informers, waits for their caches and (as leader, when a
+// Lease is configured) makes sure the service subnet exists, runs a full
+// resync and the workers until ctx ends. It returns nil on cancellation.
+func (r *Reconciler) Run(ctx context.Context) error {
+	defer r.q.ShutDown()
+	r.factory.Start(ctx.Done())
+	defer r.factory.Shutdown()
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, r.synced...) {
+		return ctx.Err()
+	}
+	if r.cfg.Lease == nil {
+		return r.lead(ctx)
+	}
+	l := r.cfg.Lease
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name},
+		Client:     r.kube.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
+	}
+	var leadErr error
+	lost := false
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: l.Duration, RenewDeadline: l.RenewDeadline, RetryPeriod: l.RetryPeriod,
+		ReleaseOnCancel: true, Name: "kurma-k8s-services",
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				r.log.Info("services: leading", "identity", l.Identity)
+				leadErr = r.lead(ctx)
+				cancel()
+			},
+			OnStoppedLeading: func() {
+				if ctx.Err() == nil {
+					lost = true
+				}
+				cancel()
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("services: leader election: %w", err)
+	}
+	le.Run(lctx)
+	switch {
+	case leadErr != nil:
+		return leadErr
+	case lost:
+		return ErrLostLease
+	}
+	return nil
+}
+
+func (r *Reconciler) lead(ctx context.Context) error {
+	r.bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
+	defer r.bc.Shutdown()
+	if err := r.setup(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	// The first resync runs before the workers so that caches hold what
+	// the controller has: a restart then sends no write for a Service
+	// whose load balancer is already right.
+	for {
+		err := r.resync(ctx)
+		if err == nil {
+			break
+		}
+		r.log.Warn("services: initial resync failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer r.q.ShutDown()
+	for range r.cfg.Workers {
+		wg.Go(func() { r.work(ctx) })
+	}
+	t := time.NewTicker(r.cfg.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			r.q.Add(resyncKey)
+		}
+	}
+}
+
+func (r *Reconciler) work(ctx context.Context) {
+	for {
+		key, quit := r.q.Get()
+		if quit {
+			return
+		}
+		var err error
+		if key == resyncKey {
+			err = r.resync(ctx)
+		} else {
+			err = r.sync(ctx, key)
+		}
+		switch {
+		case err == nil || ctx.Err() != nil:
+			r.q.Forget(key)
+		default:
+			r.log.Warn("services: sync failed; retrying", "key", key, "err", err, "retries", r.q.NumRequeues(key))
+			r.q.AddRateLimited(key)
+		}
+		r.q.Done(key)
+	}
+}
+
+// Synced reports whether the initial resync has finished (for tests and
+// readiness).
+func (r *Reconciler) Synced() bool { return r.synced0.Load() }

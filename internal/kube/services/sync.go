@@ -1,0 +1,430 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+
+	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// ConditionFloatingIP is the Service status condition that says whether a
+// LoadBalancer Service got its floating IP (False with a reason when the
+// requested address is taken or invalid, or the external network is
+// missing).
+const ConditionFloatingIP = "kurma.dev/FloatingIPAllocated"
+
+// Event reasons.
+const (
+	ReasonAllocated       = "FloatingIPAllocated"
+	ReasonAddressTaken    = "LoadBalancerIPTaken"
+	ReasonAddressInvalid  = "LoadBalancerIPInvalid"
+	ReasonNoExternal      = "ExternalNetworkMissing"
+	retryTakenAddressIn   = 30 * time.Second
+	controllerCallTimeout = 30 * time.Second
+)
+
+// ours reports whether a LoadBalancer Service's class is served here.
+func (r *Reconciler) ours(svc *corev1.Service) bool {
+	c := svc.Spec.LoadBalancerClass
+	return c == nil || *c == r.cfg.Class
+}
+
+func (r *Reconciler) wantsFIP(svc *corev1.Service) bool {
+	return svc != nil && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && r.ours(svc) &&
+		clusterIP(svc, r.cfg.ServiceCIDR).IsValid()
+}
+
+func (r *Reconciler) slicesOf(key string) []*discoveryv1.EndpointSlice {
+	objs, err := r.sliceIdx.ByIndex(serviceIndex, key)
+	if err != nil {
+		return nil
+	}
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// sync brings the load balancer and floating IP of one Service in line
+// with the API, by level.
+func (r *Reconciler) sync(ctx context.Context, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, controllerCallTimeout)
+	defer cancel()
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil // not a key of ours
+	}
+	svc, err := r.svcs.Services(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		svc = nil
+	} else if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	vpc := r.vpcPrefix
+	old := r.byKey[key]
+	r.mu.Unlock()
+	var w *wanted
+	if svc != nil {
+		w = desired(svc, r.slicesOf(key), r.cfg.ServiceCIDR, vpc)
+	}
+	if old != "" && (w == nil || old != w.ID) {
+		if err := r.remove(ctx, key, old); err != nil {
+			return err
+		}
+	}
+	if w == nil {
+		if svc != nil {
+			return r.clearStatus(ctx, svc)
+		}
+		return nil
+	}
+	for _, m := range w.Warnings {
+		r.log.Warn("services: "+m, "service", key)
+	}
+	lb, err := r.ensureLB(ctx, key, w)
+	if err != nil {
+		return err
+	}
+	if r.wantsFIP(svc) {
+		return r.ensureFIP(ctx, key, svc, lb)
+	}
+	if err := r.dropFIP(ctx, w.ID); err != nil {
+		return err
+	}
+	return r.clearStatus(ctx, svc)
+}
+
+// remove deletes the floating IP and load balancer with this id.
+func (r *Reconciler) remove(ctx context.Context, key, id string) error {
+	if err := r.c.DeleteFloatingIP(ctx, r.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
+		return fmt.Errorf("delete floating ip %s: %w", id, err)
+	}
+	if err := r.c.DeleteLoadBalancer(ctx, r.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
+		return fmt.Errorf("delete load balancer %s: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.fips, id)
+	delete(r.lbs, id)
+	if key != "" && r.byKey[key] == id {
+		delete(r.byKey, key)
+	}
+	r.mu.Unlock()
+	r.log.Debug("services: removed", "service", key, "id", id)
+	return nil
+}
+
+func (r *Reconciler) store(key string, lb *controllerapi.LoadBalancer) {
+	r.mu.Lock()
+	r.lbs[lb.ID] = lb
+	r.byKey[key] = lb.ID
+	r.mu.Unlock()
+}
+
+// ensureLB sends the smallest change that makes the controller's load
+// balancer equal w: none, one member replacement, one update, or a create
+// (a create that finds the id taken adopts the load balancer).
+func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) (*controllerapi.LoadBalancer, error) {
+	r.mu.Lock()
+	cur := r.lbs[w.ID]
+	r.mu.Unlock()
+	if cur == nil {
+		lb, err := r.c.CreateLoadBalancer(ctx, r.cfg.Project, controllerapi.LoadBalancer{
+			ID: w.ID, Name: w.Name, Description: Description, VIPSubnetID: r.cfg.ServiceSubnet, VIPAddress: w.VIP,
+			Listeners: w.Listeners, Members: w.Members, SessionPersistence: w.Persistence,
+		})
+		if err == nil {
+			r.store(key, lb)
+			r.log.Debug("services: created", "service", key, "id", lb.ID, "vip", lb.VIPAddress, "members", len(lb.Members))
+			return lb, nil
+		}
+		if !errors.Is(err, kerrors.Conflict) {
+			return nil, fmt.Errorf("create load balancer %s (%s): %w", w.ID, w.VIP, err)
+		}
+		got, gerr := r.c.GetLoadBalancer(ctx, r.cfg.Project, w.ID)
+		if gerr != nil {
+			// Not ours: the clusterIP is still held by the load balancer of
+			// a Service that is going away; retry with backoff.
+			return nil, fmt.Errorf("create load balancer %s: %w (lookup: %v)", w.ID, err, gerr)
+		}
+		cur = got
+	}
+	if cur.VIPAddress != w.VIP {
+		// A VIP never changes; the clusterIP did (cannot happen to a live
+		// Service, but a stale cache may say so): start again.
+		if err := r.remove(ctx, key, cur.ID); err != nil {
+			return nil, err
+		}
+		return r.ensureLB(ctx, key, w)
+	}
+	ls, ms := normalize(cur)
+	listenersSame := equality.Semantic.DeepEqual(ls, w.Listeners) || (len(ls) == 0 && len(w.Listeners) == 0)
+	membersSame := sameMembers(ms, w.Members)
+	persSame := samePersistence(cur.SessionPersistence, w.Persistence)
+	var lb *controllerapi.LoadBalancer
+	var err error
+	switch {
+	case listenersSame && membersSame && persSame && cur.Name == w.Name:
+		r.store(key, cur)
+		return cur, nil
+	case listenersSame && persSame && cur.Name == w.Name:
+		lb, err = r.c.SetMembers(ctx, r.cfg.Project, w.ID, w.Members)
+	default:
+		u := controllerapi.LoadBalancerUpdate{Name: &w.Name, Listeners: &w.Listeners, Members: &w.Members}
+		if w.Persistence != nil {
+			u.SessionPersistence = w.Persistence
+		} else {
+			u.ClearSessionPersistence = cur.SessionPersistence != nil
+		}
+		if u.Members != nil && *u.Members == nil {
+			empty := []controllerapi.Member{}
+			u.Members = &empty
+		}
+		lb, err = r.c.UpdateLoadBalancer(ctx, r.cfg.Project, w.ID, u)
+	}
+	if errors.Is(err, kerrors.NotFound) {
+		// Deleted behind our back: forget it and create it again.
+		r.mu.Lock()
+		delete(r.lbs, w.ID)
+		r.mu.Unlock()
+		return r.ensureLB(ctx, key, w)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("update load balancer %s: %w", w.ID, err)
+	}
+	r.store(key, lb)
+	r.log.Debug("services: updated", "service", key, "id", lb.ID, "members", len(lb.Members))
+	return lb, nil
+}
+
+// dropFIP releases the floating IP with this id if one is known.
+func (r *Reconciler) dropFIP(ctx context.Context, id string) error {
+	r.mu.Lock()
+	_, ok := r.fips[id]
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := r.c.DeleteFloatingIP(ctx, r.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
+		return fmt.Errorf("delete floating ip %s: %w", id, err)
+	}
+	r.mu.Lock()
+	delete(r.fips, id)
+	r.mu.Unlock()
+	return nil
+}
+
+// ensureFIP gives a LoadBalancer Service its floating IP, associated with
+// its load balancer, and reports it in the Service's status.
+func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Service, lb *controllerapi.LoadBalancer) error {
+	id := lb.ID
+	r.mu.Lock()
+	extOK, cur := r.extOK, r.fips[id]
+	warned := r.warned[svc.UID]
+	if !extOK {
+		r.warned[svc.UID] = true
+	}
+	r.mu.Unlock()
+	if !extOK {
+		msg := fmt.Sprintf("external network %q does not exist: no floating IP until it is created", r.cfg.ExternalNetwork)
+		if !warned {
+			r.rec.Event(svc, corev1.EventTypeWarning, ReasonNoExternal, msg)
+		}
+		return r.setStatus(ctx, svc, "", metav1.ConditionFalse, ReasonNoExternal, msg)
+	}
+	req := svc.Spec.LoadBalancerIP
+	if cur != nil && req != "" && cur.FloatingIPAddress != req {
+		// loadBalancerIP changed: give the old address back first.
+		if err := r.dropFIP(ctx, id); err != nil {
+			return err
+		}
+		cur = nil
+	}
+	if cur == nil {
+		f, err := r.c.CreateFloatingIP(ctx, r.cfg.Project, controllerapi.FloatingIP{
+			ID: id, FloatingNetworkID: r.cfg.ExternalNetwork, FloatingIPAddress: req, LoadBalancerID: lb.ID,
+			Description: Description + " " + key,
+		})
+		switch {
+		case err == nil:
+			cur = f
+			r.log.Info("services: floating ip allocated", "service", key, "ip", f.FloatingIPAddress)
+		case errors.Is(err, kerrors.Conflict):
+			got, gerr := r.c.GetFloatingIP(ctx, r.cfg.Project, id)
+			if gerr == nil {
+				cur = got // ours from before a restart
+				break
+			}
+			if req == "" {
+				return fmt.Errorf("create floating ip %s: %w", id, err)
+			}
+			msg := fmt.Sprintf("loadBalancerIP %s is not available: %v", req, err)
+			r.rec.Event(svc, corev1.EventTypeWarning, ReasonAddressTaken, msg)
+			r.q.AddAfter(key, retryTakenAddressIn)
+			return r.setStatus(ctx, svc, "", metav1.ConditionFalse, ReasonAddressTaken, msg)
+		case errors.Is(err, kerrors.Invalid) && req != "":
+			msg := fmt.Sprintf("loadBalancerIP %s cannot be used: %v", req, err)
+			r.rec.Event(svc, corev1.EventTypeWarning, ReasonAddressInvalid, msg)
+			return r.setStatus(ctx, svc, "", metav1.ConditionFalse, ReasonAddressInvalid, msg)
+		case errors.Is(err, kerrors.NotFound):
+			// The external network went away: say so, look again at resync.
+			r.mu.Lock()
+			r.extOK = false
+			r.mu.Unlock()
+			return r.ensureFIP(ctx, key, svc, lb)
+		case errors.Is(err, kerrors.Exhausted):
+			msg := fmt.Sprintf("external network %q has no free address", r.cfg.ExternalNetwork)
+			r.rec.Event(svc, corev1.EventTypeWarning, "ExternalNetworkExhausted", msg)
+			r.q.AddAfter(key, retryTakenAddressIn)
+			return r.setStatus(ctx, svc, "", metav1.ConditionFalse, "ExternalNetworkExhausted", msg)
+		default:
+			return fmt.Errorf("create floating ip %s: %w", id, err)
+		}
+	}
+	if cur.LoadBalancerID != lb.ID {
+		f, err := r.c.AssociateFloatingIP(ctx, r.cfg.Project, id, controllerapi.FloatingIPAssociation{LoadBalancerID: lb.ID})
+		if err != nil {
+			return fmt.Errorf("associate floating ip %s: %w", id, err)
+		}
+		cur = f
+	}
+	r.mu.Lock()
+	r.fips[id] = cur
+	r.mu.Unlock()
+	return r.setStatus(ctx, svc, cur.FloatingIPAddress, metav1.ConditionTrue, ReasonAllocated,
+		"floating IP "+cur.FloatingIPAddress+" from external network "+r.cfg.ExternalNetwork)
+}
+
+// setStatus writes status.loadBalancer.ingress (ip, or none when empty)
+// and the floating IP condition, when they differ from what is there.
+func (r *Reconciler) setStatus(ctx context.Context, svc *corev1.Service, ip string, st metav1.ConditionStatus, reason, msg string) error {
+	s := svc.DeepCopy()
+	var ingress []corev1.LoadBalancerIngress
+	if ip != "" {
+		vip := corev1.LoadBalancerIPModeVIP
+		ingress = []corev1.LoadBalancerIngress{{IP: ip, IPMode: &vip}}
+	}
+	s.Status.LoadBalancer.Ingress = ingress
+	meta.SetStatusCondition(&s.Status.Conditions, metav1.Condition{
+		Type: ConditionFloatingIP, Status: st, Reason: reason, Message: msg, ObservedGeneration: svc.Generation,
+	})
+	if equality.Semantic.DeepEqual(s.Status, svc.Status) {
+		return nil
+	}
+	if _, err := r.kube.CoreV1().Services(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil &&
+		!apierrors.IsNotFound(err) {
+		return fmt.Errorf("update status of %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return nil
+}
+
+// clearStatus removes what setStatus wrote, on a Service of our class
+// that no longer wants a floating IP.
+func (r *Reconciler) clearStatus(ctx context.Context, svc *corev1.Service) error {
+	if !r.ours(svc) || (len(svc.Status.LoadBalancer.Ingress) == 0 && meta.FindStatusCondition(svc.Status.Conditions, ConditionFloatingIP) == nil) {
+		return nil
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer && clusterIP(svc, r.cfg.ServiceCIDR).IsValid() {
+		return nil
+	}
+	s := svc.DeepCopy()
+	s.Status.LoadBalancer.Ingress = nil
+	meta.RemoveStatusCondition(&s.Status.Conditions, ConditionFloatingIP)
+	if _, err := r.kube.CoreV1().Services(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil &&
+		!apierrors.IsNotFound(err) {
+		return fmt.Errorf("clear status of %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return nil
+}
+
+// resync lists what the controller holds, deletes the load balancers and
+// floating IPs no Service wants any more, refills the caches and enqueues
+// every Service.
+func (r *Reconciler) resync(ctx context.Context) error {
+	start := time.Now()
+	if err := r.checkExternal(ctx); err != nil {
+		r.log.Warn("services: resync: external network lookup failed", "err", err)
+	}
+	lbs, err := r.c.ListLoadBalancers(ctx, r.cfg.Project)
+	if err != nil {
+		return fmt.Errorf("resync: list load balancers: %w", err)
+	}
+	fips, err := r.c.ListFloatingIPs(ctx, r.cfg.Project)
+	if err != nil {
+		return fmt.Errorf("resync: list floating ips: %w", err)
+	}
+	// Read the Services after the controller lists: a load balancer made
+	// for a Service implies the Service was in the cache before.
+	svcs, err := r.svcs.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	wantLB := map[string]string{} // id -> key
+	wantFIP := map[string]bool{}
+	for _, s := range svcs {
+		if clusterIP(s, r.cfg.ServiceCIDR).IsValid() {
+			wantLB[LBID(s.UID)] = s.Namespace + "/" + s.Name
+			if r.wantsFIP(s) {
+				wantFIP[LBID(s.UID)] = true
+			}
+		}
+	}
+	var stale int
+	newLBs := map[string]*controllerapi.LoadBalancer{}
+	byKey := map[string]string{}
+	for i := range lbs {
+		lb := &lbs[i]
+		if !strings.HasPrefix(lb.ID, LBPrefix) {
+			continue
+		}
+		key, ok := wantLB[lb.ID]
+		if !ok {
+			if err := r.remove(ctx, "", lb.ID); err != nil {
+				return fmt.Errorf("resync: %w", err)
+			}
+			stale++
+			continue
+		}
+		newLBs[lb.ID], byKey[key] = lb, lb.ID
+	}
+	newFIPs := map[string]*controllerapi.FloatingIP{}
+	for i := range fips {
+		f := &fips[i]
+		if !strings.HasPrefix(f.ID, LBPrefix) {
+			continue
+		}
+		if !wantFIP[f.ID] {
+			if err := r.c.DeleteFloatingIP(ctx, r.cfg.Project, f.ID); err != nil && !errors.Is(err, kerrors.NotFound) {
+				return fmt.Errorf("resync: delete floating ip %s: %w", f.ID, err)
+			}
+			stale++
+			continue
+		}
+		newFIPs[f.ID] = f
+	}
+	r.mu.Lock()
+	r.lbs, r.fips, r.byKey = newLBs, newFIPs, byKey
+	r.mu.Unlock()
+	for _, s := range svcs {
+		r.q.Add(s.Namespace + "/" + s.Name)
+	}
+	r.log.Info("services: resync", "services", len(svcs), "load_balancers", len(newLBs), "floating_ips", len(newFIPs),
+		"stale_deleted", stale, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
