@@ -35,6 +35,8 @@ func main() {
 	peerMax := flag.Int("peer-max", 10000, "agent: largest size the chain-per-LB peer is loaded at (30,000 chains take minutes)")
 	connects := flag.Int("connects", 500, "agent: TCP connects through a VIP per size")
 	n := flag.Int("n", 10000, "agent-rss: load balancers")
+	e2eCreates := flag.Int("e2e-creates", 100, "agent: single creates timed from the controller's 201 per size (0: skip the end-to-end part)")
+	rounds := flag.Int("tput-rounds", 3, "agent: iperf3 rounds per path (interleaved; the median is reported)")
 	flag.Parse()
 	if *part == "controller" {
 		var err error
@@ -58,7 +60,11 @@ func main() {
 	case "agent":
 		var sz []int
 		if sz, err = parseSizes(*sizes); err == nil {
-			err = runAgentBench(ctx, sz, *peerMax, *connects)
+			err = runAgentBench(ctx, sz, *peerMax, *connects, *rounds)
+			if err == nil && *e2eCreates > 0 {
+				fmt.Println("\n== end to end: controller 201 -> element live in a real kurma-agent's table (read back through netlink)")
+				_, err = runAgentE2E(ctx, sz, *e2eCreates)
+			}
 		}
 	case "agent-rss":
 		err = agentRSS(ctx, *n)
