@@ -99,10 +99,19 @@ images: binaries tools
 HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manager \
 	kurma.dev/kurma/test/e2e kurma.dev/kurma/test/cniconformance \
 	kurma.dev/kurma/internal/testutil/kubecluster
+# The host is snapshotted before the tests and compared after them
+# (test/hostsnap): a run that leaves a link, netns, nft table, mount,
+# cgroup, state entry or changed forwarding sysctl behind fails.
+# HOSTCHECK=0 skips the comparison (on a machine where other work changes
+# the host while the tests run).
+HOSTSNAP := $(BIN)/.hostsnap.json
+HOSTCHECK ?= 1
 test: test-deps build
+	$(GO) run ./test/hostsnap save $(HOSTSNAP)
 	KURMA_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' ./... >/dev/null
 	KURMA_BIN_DIR=$(BIN) $(GO) test $(GO_TEST_FLAGS) $$($(GO) list ./... | grep -vxF $(HOST_PKGS:%=-e %))
 	KURMA_BIN_DIR=$(BIN) $(GO) test -p 1 $(GO_TEST_FLAGS) $(HOST_PKGS)
+	@if [ "$(HOSTCHECK)" != 0 ]; then $(GO) run ./test/hostsnap check $(HOSTSNAP); fi
 
 # Pure-logic tests only: no root, no build artefacts needed.
 test-unit:

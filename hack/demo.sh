@@ -40,7 +40,7 @@ if "$KURMA" version >/dev/null 2>&1; then
   exit 1
 fi
 
-made_state=; made_run=; made_bridge=; made_ipam=
+made_state=; made_run=; made_bridge=; made_ipam=; made_masq=
 [ -e "$STATE" ] || made_state=1
 [ -e /run/kurma ] || made_run=1
 # The default network's bridge and IPAM store: removed again if we made them.
@@ -49,6 +49,10 @@ ip link show kurma0 >/dev/null 2>&1 || made_bridge=1
 # The upstream bridge plugin (ipMasq) makes this shared table and never
 # removes it; remove it afterwards if the demo made it.
 nft list table inet cni_plugins_masquerade >/dev/null 2>&1 || made_masq=1
+# The bridge plugin (isGateway) turns on forwarding: put the old values back.
+FWD_SYSCTLS="net.ipv4.ip_forward net.ipv6.conf.all.forwarding net.ipv6.conf.default.forwarding"
+declare -A fwd_before=()
+for s in $FWD_SYSCTLS; do fwd_before[$s]=$(sysctl -n "$s" 2>/dev/null || true); done
 LOG=$(mktemp /tmp/kurmad-demo.XXXXXX.log)
 KPID=
 cleanup() {
@@ -69,6 +73,9 @@ cleanup() {
   [ -n "$made_bridge" ] && ip link del kurma0 2>/dev/null
   [ -n "$made_ipam" ] && rm -rf /var/lib/kurma-network
   [ -n "$made_masq" ] && nft delete table inet cni_plugins_masquerade 2>/dev/null
+  for s in $FWD_SYSCTLS; do
+    [ -n "${fwd_before[$s]}" ] && [ "$(sysctl -n "$s" 2>/dev/null)" != "${fwd_before[$s]}" ] && sysctl -qw "$s=${fwd_before[$s]}"
+  done
   rm -f "$LOG"
   exit $rc
 }

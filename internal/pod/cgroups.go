@@ -120,6 +120,37 @@ func stagerCgroups(cgs []cgroupMount, dirs []string) (binds []stageinit.Bind, v2
 	return binds, v2only
 }
 
+// removeEmptyCgroupRoots removes <hierarchy>/<root> where no pod's cgroup
+// is left under it (the kernel refuses to remove a cgroup with children,
+// so pods that outlive the daemon keep theirs), leaving the host's cgroup
+// tree as the daemon found it.
+func (r *Runtime) removeEmptyCgroupRoots() {
+	r.cgMu.Lock()
+	defer r.cgMu.Unlock()
+	for _, cg := range r.cgroups {
+		root := filepath.Join(cg.Path, r.opts.CgroupRoot)
+		// EBUSY without child folders: the last pod's processes are still
+		// being torn down; give them a moment.
+		for range 100 {
+			err := unix.Rmdir(root)
+			if !errors.Is(err, unix.EBUSY) || hasSubdir(root) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+func hasSubdir(dir string) bool {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			return true
+		}
+	}
+	return false
+}
+
 // makeCgroups creates <hierarchy>/<root>/<uuid> in every hierarchy and
 // returns the folders made (already made ones on error, for the undo).
 func (r *Runtime) makeCgroups(uuid string) ([]string, error) {
@@ -127,27 +158,49 @@ func (r *Runtime) makeCgroups(uuid string) ([]string, error) {
 	defer r.cgMu.Unlock()
 	var made []string
 	for _, cg := range r.cgroups {
-		parent := filepath.Join(cg.Path, r.opts.CgroupRoot)
-		if err := mkdirCgroup(parent); errors.Is(err, os.ErrExist) {
-			// Made by an earlier kurmad or another pod: complete it all
-			// the same, in case its maker has not finished yet.
-			err = fillCpuset(parent)
-			if err != nil {
-				return made, err
-			}
-		} else if err != nil {
-			return made, fmt.Errorf("create cgroup %s: %w", parent, err)
-		}
-		if cg.V2 {
-			delegateControllers(parent)
-		}
-		dir := filepath.Join(parent, uuid)
-		if err := mkdirCgroup(dir); err != nil {
-			return made, fmt.Errorf("create cgroup %s: %w", dir, err)
+		dir, err := r.makeCgroup(cg, uuid)
+		if err != nil {
+			return made, err
 		}
 		made = append(made, dir)
 	}
 	return made, nil
+}
+
+// makeCgroup creates <hierarchy>/<root>/<uuid> in one hierarchy. Another
+// daemon sharing the root may remove it, empty, at its exit
+// (removeEmptyCgroupRoots) between the making of the parent and of the
+// pod's folder: the parent is then made again.
+func (r *Runtime) makeCgroup(cg cgroupMount, uuid string) (string, error) {
+	for attempt := 0; ; attempt++ {
+		dir, err := r.makeCgroupOnce(cg, uuid)
+		if errors.Is(err, os.ErrNotExist) && attempt < 3 {
+			continue
+		}
+		return dir, err
+	}
+}
+
+func (r *Runtime) makeCgroupOnce(cg cgroupMount, uuid string) (string, error) {
+	parent := filepath.Join(cg.Path, r.opts.CgroupRoot)
+	if err := mkdirCgroup(parent); errors.Is(err, os.ErrExist) {
+		// Made by an earlier kurmad or another pod: complete it all
+		// the same, in case its maker has not finished yet.
+		err = fillCpuset(parent)
+		if err != nil {
+			return "", err
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("create cgroup %s: %w", parent, err)
+	}
+	if cg.V2 {
+		delegateControllers(parent)
+	}
+	dir := filepath.Join(parent, uuid)
+	if err := mkdirCgroup(dir); err != nil {
+		return "", fmt.Errorf("create cgroup %s: %w", dir, err)
+	}
+	return dir, nil
 }
 
 // mkdirCgroup makes a cgroup folder; in a v1 cpuset hierarchy it copies

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv(helperEnv); cfg != "" {
 		os.Exit(helperDaemon(cfg))
 	}
-	code := m.Run()
+	code := testutil.KeepHost(m)
 	if stagerBin != "" {
 		os.RemoveAll(filepath.Dir(stagerBin))
 	}
@@ -186,6 +186,9 @@ func newFixtureWith(t *testing.T, mode string, prestart bool, tweak func(*Option
 		_ = f.rt.Close(ctx)
 		for _, cg := range rt.cgroups {
 			root := filepath.Join(cg.Path, opts.CgroupRoot)
+			if _, err := os.Stat(root); err == nil {
+				t.Errorf("cleanup: Close left the empty cgroup root %s", root)
+			}
 			ents, _ := os.ReadDir(root)
 			for _, e := range ents {
 				if e.IsDir() {

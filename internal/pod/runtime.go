@@ -205,8 +205,10 @@ func (r *Runtime) Close(ctx context.Context) error {
 	select {
 	case <-done:
 		r.dropSpare(ctx)
-		// The background deletions are done: leave no empty trash behind.
+		// The background deletions are done: leave no empty trash behind,
+		// nor empty cgroup parents.
 		_ = os.Remove(r.trashPath())
+		r.removeEmptyCgroupRoots()
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("close pod manager: %w", ctx.Err())

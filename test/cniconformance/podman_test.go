@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/test/cniconformance"
 )
 
 // podman drives Debian's podman 4.3 with the CNI network backend, runc,
@@ -58,8 +59,12 @@ network_config_dir = %q
 		"CONTAINERS_CONF="+filepath.Join(dir, "containers.conf"),
 		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"),
 		"CONTAINERS_REGISTRIES_CONF="+filepath.Join(dir, "registries.conf"))}
+	// podman's cgroupfs manager puts containers and conmon under
+	// libpod_parent in every hierarchy and never removes it.
+	cgParents := cniconformance.NewCgroupParents("libpod_parent")
 	t.Cleanup(func() {
 		_, _ = p.run(context.Background(), "rm", "-af")
+		cgParents.Remove()
 		// Unmount anything podman left under our dir before TempDir's
 		// RemoveAll.
 		if out, err := exec.Command("findmnt", "-rno", "TARGET").Output(); err == nil {

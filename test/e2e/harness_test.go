@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,7 +196,7 @@ func (d *daemon) cleanup() {
 			t.Errorf("leaked after the test: netns reference %s", e.Name())
 		}
 	}
-	if err := manager.ReleaseNetNSDir(d.netnsDir()); err != nil {
+	if err := manager.ReleaseNetNSDir(d.netnsDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("cleanup: %v", err)
 	}
 	leaks := findLeaks(d.dir)

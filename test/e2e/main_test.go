@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/network/netconf"
+	"kurma.dev/kurma/internal/testutil"
 )
 
 // defaultBridge is the bridge of the embedded default network, which
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	_, err := os.Stat(netconf.PluginStateDir)
 	hadState := err == nil
 	hadMasq := exec.Command("nft", "list", "table", "inet", masqTable).Run() == nil
-	code := m.Run()
+	code := testutil.KeepHost(m)
 	if !hadBridge {
 		if out, err := exec.Command("ip", "link", "del", defaultBridge).CombinedOutput(); err != nil && exec.Command("ip", "link", "show", defaultBridge).Run() == nil {
 			fmt.Fprintf(os.Stderr, "e2e: remove bridge %s: %v: %s\n", defaultBridge, err, out)

@@ -2,6 +2,10 @@ package cniconformance
 
 import (
 	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,4 +84,49 @@ func (e *Env) removeNetNS(t testing.TB, c *Container) {
 
 func newCNI(path []string, cacheDir string) *libcni.CNIConfig {
 	return libcni.NewCNIConfigWithCacheDir(path, cacheDir, nil)
+}
+
+// CgroupParents are cgroup folders of one name, in each hierarchy under
+// /sys/fs/cgroup, that a peer (podman) makes and leaves.
+type CgroupParents []string
+
+// NewCgroupParents notes the hierarchies where name does not exist yet:
+// remove deletes it there again.
+func NewCgroupParents(name string) CgroupParents {
+	var out CgroupParents
+	roots := []string{"/sys/fs/cgroup"}
+	if ents, err := os.ReadDir("/sys/fs/cgroup"); err == nil {
+		for _, e := range ents {
+			if e.IsDir() {
+				roots = append(roots, filepath.Join("/sys/fs/cgroup", e.Name()))
+			}
+		}
+	}
+	for _, r := range roots {
+		p := filepath.Join(r, name)
+		if _, err := os.Stat(filepath.Join(r, "cgroup.procs")); err != nil {
+			continue // not a hierarchy (the tmpfs holding v1 ones)
+		}
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Remove deletes the noted folders and their empty children, deepest
+// first (a cgroup with processes stays).
+func (c CgroupParents) Remove() {
+	for _, p := range c {
+		var dirs []string
+		_ = filepath.WalkDir(p, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(dirs[i])
+		}
+	}
 }

@@ -1,0 +1,271 @@
+// Command hostsnap records the host state that Kurma's tests and demo may
+// change, and later checks that it is as recorded: `make test` runs
+// `hostsnap save FILE` before the tests and `hostsnap check FILE` after
+// them, so a run that leaves anything behind fails.
+//
+// What it records: the host netns's links and nft tables, the named netns
+// under /run/netns, the mount points, the forwarding sysctls the network
+// code may turn on, the first level of every cgroup hierarchy, and the
+// entries of the state folders Kurma and its test peers use. `check`
+// writes the recorded value back into every sysctl that differs (so the
+// host is left as found even when the check fails), prints each
+// difference and exits 1 if there is any.
+//
+// Usage: hostsnap save FILE | hostsnap check FILE
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// sysctls are the settings the network code (ours and the upstream CNI
+// plugins, podman, containerd) may turn on.
+var sysctls = []string{
+	"net/ipv4/ip_forward",
+	"net/ipv4/conf/all/forwarding",
+	"net/ipv4/conf/default/forwarding",
+	"net/ipv6/conf/all/forwarding",
+	"net/ipv6/conf/default/forwarding",
+	"net/ipv4/conf/all/route_localnet",
+}
+
+// stateDirs are folders whose entries are compared.
+var stateDirs = []string{
+	"/var/lib/kurma", "/var/lib/kurma-network", "/run/kurma", "/run/netns",
+	"/etc/cni/net.d", "/var/lib/cni", "/var/lib/cni/networks", "/opt/cni/bin",
+}
+
+// Snapshot is the recorded host state; every list is sorted.
+type Snapshot struct {
+	Links     []string          `json:"links"`
+	NFTTables []string          `json:"nftTables"`
+	Mounts    []string          `json:"mounts"`
+	Sysctls   map[string]string `json:"sysctls"`
+	Cgroups   []string          `json:"cgroups"`
+	State     []string          `json:"state"`
+}
+
+func main() {
+	if len(os.Args) != 3 || (os.Args[1] != "save" && os.Args[1] != "check") {
+		fmt.Fprintln(os.Stderr, "usage: hostsnap save FILE | hostsnap check FILE")
+		os.Exit(2)
+	}
+	now, err := take()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hostsnap: %v\n", err)
+		os.Exit(1)
+	}
+	file := os.Args[2]
+	if os.Args[1] == "save" {
+		b, _ := json.MarshalIndent(now, "", "  ")
+		if err := os.WriteFile(file, b, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "hostsnap: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "hostsnap: %v\n", err)
+		os.Exit(1)
+	}
+	var before Snapshot
+	if err := json.Unmarshal(b, &before); err != nil {
+		fmt.Fprintf(os.Stderr, "hostsnap: %s: %v\n", file, err)
+		os.Exit(1)
+	}
+	// The /run/netns bind mount is made by whichever test makes the first
+	// named netns, and the packages run concurrently: none can remove it.
+	// Put it back as it was when the run made it and left it empty.
+	if tidyNetnsMount(&before, now) {
+		fmt.Println("hostsnap: unmounted /run/netns, mounted by the run and left empty")
+		if now, err = take(); err != nil {
+			fmt.Fprintf(os.Stderr, "hostsnap: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	diff := Diff(&before, now)
+	for name, v := range before.Sysctls {
+		if now.Sysctls[name] != v && v != "" {
+			if err := os.WriteFile(filepath.Join("/proc/sys", name), []byte(v), 0o644); err != nil {
+				diff = append(diff, fmt.Sprintf("restore %s: %v", name, err))
+			} else {
+				diff = append(diff, fmt.Sprintf("(restored %s to %s)", name, v))
+			}
+		}
+	}
+	if len(diff) > 0 {
+		fmt.Fprintf(os.Stderr, "hostsnap: the host differs from %s (- before, + after):\n  %s\n", file, strings.Join(diff, "\n  "))
+		os.Exit(1)
+	}
+	fmt.Println("hostsnap: the host is as it was")
+}
+
+// netnsDir is where named network namespaces are bound (ip-netns(8)).
+const netnsDir = "/run/netns"
+
+func isMountedAt(s *Snapshot, dir string) bool {
+	return slices.ContainsFunc(s.Mounts, func(m string) bool { return strings.HasPrefix(m, dir+" (") })
+}
+
+// tidyNetnsMount unmounts /run/netns when it was not a mount point before
+// and holds nothing now; it reports whether it did.
+func tidyNetnsMount(before, now *Snapshot) bool {
+	if isMountedAt(before, netnsDir) || !isMountedAt(now, netnsDir) {
+		return false
+	}
+	if ents, err := os.ReadDir(netnsDir); err != nil || len(ents) > 0 {
+		return false
+	}
+	for isMounted(netnsDir) {
+		if err := unix.Unmount(netnsDir, unix.MNT_DETACH); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// isMounted reports whether dir is a mount point now.
+func isMounted(dir string) bool {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range lines(string(mi)) {
+		if f := strings.Fields(l); len(f) >= 5 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+// Diff lists the differences between two snapshots, one line each.
+func Diff(a, b *Snapshot) []string {
+	var out []string
+	lists := []struct {
+		what string
+		a, b []string
+	}{
+		{"link", a.Links, b.Links}, {"nft table", a.NFTTables, b.NFTTables}, {"mount", a.Mounts, b.Mounts},
+		{"cgroup", a.Cgroups, b.Cgroups}, {"state", a.State, b.State},
+	}
+	for _, l := range lists {
+		for _, x := range l.a {
+			if !slices.Contains(l.b, x) {
+				out = append(out, fmt.Sprintf("- %s %s", l.what, x))
+			}
+		}
+		for _, x := range l.b {
+			if !slices.Contains(l.a, x) {
+				out = append(out, fmt.Sprintf("+ %s %s", l.what, x))
+			}
+		}
+	}
+	for _, name := range sortedKeys(a.Sysctls, b.Sysctls) {
+		if a.Sysctls[name] != b.Sysctls[name] {
+			out = append(out, fmt.Sprintf("sysctl %s: %s -> %s", name, a.Sysctls[name], b.Sysctls[name]))
+		}
+	}
+	return out
+}
+
+func sortedKeys(ms ...map[string]string) []string {
+	var keys []string
+	for _, m := range ms {
+		for k := range m {
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func take() (*Snapshot, error) {
+	s := &Snapshot{Sysctls: map[string]string{}}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		s.Links = append(s.Links, l.Attrs().Name+" ("+l.Type()+")")
+	}
+	if out, err := exec.Command("nft", "list", "tables").Output(); err == nil {
+		s.NFTTables = lines(string(out))
+	} else if !errors.Is(err, exec.ErrNotFound) {
+		return nil, fmt.Errorf("nft list tables: %w", err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range lines(string(mi)) {
+		// Field 5 is the mount point; after " - " come the type and source.
+		f := strings.Fields(l)
+		_, tail, _ := strings.Cut(l, " - ")
+		tf := strings.Fields(tail)
+		if len(f) < 5 || len(tf) < 1 || tf[0] == "autofs" || strings.HasPrefix(f[4], "/proc/sys/fs/binfmt_misc") {
+			continue
+		}
+		s.Mounts = append(s.Mounts, f[4]+" ("+tf[0]+")")
+	}
+	for _, name := range sysctls {
+		b, err := os.ReadFile(filepath.Join("/proc/sys", name))
+		if err == nil {
+			s.Sysctls[name] = strings.TrimSpace(string(b))
+		}
+	}
+	hier, _ := os.ReadDir("/sys/fs/cgroup")
+	roots := []string{"/sys/fs/cgroup"}
+	for _, h := range hier {
+		if h.IsDir() {
+			roots = append(roots, filepath.Join("/sys/fs/cgroup", h.Name()))
+		}
+	}
+	for _, r := range roots {
+		ents, _ := os.ReadDir(r)
+		for _, e := range ents {
+			// Child cgroups are folders; in a cgroup v1 tmpfs root the
+			// hierarchies themselves are folders too.
+			if e.IsDir() && !slices.Contains(roots, filepath.Join(r, e.Name())) {
+				s.Cgroups = append(s.Cgroups, filepath.Join(r, e.Name()))
+			}
+		}
+	}
+	for _, d := range stateDirs {
+		ents, err := os.ReadDir(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		s.State = append(s.State, d+"/")
+		for _, e := range ents {
+			s.State = append(s.State, filepath.Join(d, e.Name()))
+		}
+	}
+	for _, l := range [][]string{s.Links, s.NFTTables, s.Mounts, s.Cgroups, s.State} {
+		slices.Sort(l)
+	}
+	return s, nil
+}
+
+func lines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
