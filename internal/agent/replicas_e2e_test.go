@@ -55,12 +55,22 @@ func TestEtcdReplicasKill9Churn(t *testing.T) {
 	}
 	progress := make(chan int, 2*perWorker)
 	var failed atomic.Int64 // requests that failed and were retried
+	// Worker 1 (replica 1's client) holds at a third of its work until
+	// replica 1 is dead, so that it meets the dead replica however the two
+	// workers' speeds differ under load.
+	killed := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 2 {
 		wg.Go(func() {
 			cli := c.clients[w]
 			r := &results[w]
 			for i := range perWorker {
+				if w == 1 && i == perWorker/3 {
+					select {
+					case <-killed:
+					case <-ctx.Done():
+					}
+				}
 				h := c.hosts[i%2]
 				want := controllerapi.Port{
 					ID: fmt.Sprintf("w%d-%02d", w, i), Name: nettest.Name(nss[w][i]), NetworkID: sn.ID,
@@ -94,8 +104,13 @@ func TestEtcdReplicasKill9Churn(t *testing.T) {
 			h1.proc.kill9()
 			c.ctls[1].kill9()
 			compact(t, c, revisionOf(ctx, t, c))
+			close(killed)
 		}
 		if i == 2*perWorker/3 {
+			// Replica 1 comes back only after its worker met it dead.
+			for failed.Load() == 0 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
 			c.startAgent(h1)
 			c.startReplica(1)
 			restarted = true
