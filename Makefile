@@ -107,6 +107,7 @@ HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manag
 HOSTSNAP := $(BIN)/.hostsnap.json
 HOSTCHECK ?= 1
 test: test-deps build
+	$(GO) mod tidy -diff
 	$(GO) run ./test/hostsnap save $(HOSTSNAP)
 	KURMA_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' ./... >/dev/null
 	KURMA_BIN_DIR=$(BIN) $(GO) test $(GO_TEST_FLAGS) $$($(GO) list ./... | grep -vxF $(HOST_PKGS:%=-e %))
@@ -131,6 +132,7 @@ fuzz:
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 
 clean:

@@ -12,5 +12,8 @@
 //
 // Builds are deterministic: the same inputs give the same image ID. Used by
 // hack/build-images.sh (build_aci, sign_aci) and tests. It holds no state
-// and no locks; it must not import the daemon, the pod manager or the API.
+// and no locks; it must not import the pod manager or the API.
+//
+// Must not import: `kurma.dev/kurma/internal/pod/...`,
+// `kurma.dev/kurma/internal/api/...`.
 package main

@@ -26,6 +26,9 @@
 // The wire types and frames are in internal/api/wire, the Go client the
 // kurma CLI uses (HTTP/1.1 without net/http) in internal/api/client.
 //
-// It imports the pod and image contracts (interfaces and types) only; it
-// must never import their implementations, the daemon's main or the CLI.
+// It imports the pod and image contracts (interfaces and types) only,
+// never their implementations or the CLI.
+// Must not import: `kurma.dev/kurma/internal/cli`,
+// `kurma.dev/kurma/internal/image`, `kurma.dev/kurma/internal/image/tarx`, `kurma.dev/kurma/internal/stager`,
+// `kurma.dev/kurma/internal/pod/stageinit`.
 package api

@@ -9,6 +9,8 @@
 // not exist; 130 when interrupted (SIGINT/SIGTERM); 0 otherwise.
 //
 // It holds no global state: every command reads its flags from the Options
-// built in Main. It must only talk to the daemon through internal/api; it
-// must never import the pod manager's or image store's implementations.
+// built in Main. It talks to the daemon only through the API client.
+// Must not depend on: `net/http`, `kurma.dev/kurma/internal/api`,
+// `kurma.dev/kurma/internal/pod`, `kurma.dev/kurma/internal/image`,
+// `kurma.dev/kurma/internal/stager`.
 package cli

@@ -7,6 +7,10 @@
 // package parses them.
 //
 // Config values are plain data; the package holds no global state and no
-// locks. It must not import the pod manager, the image store, the API or the
-// networking packages.
+// locks.
+// Must not import: `kurma.dev/kurma/internal/image`,
+// `kurma.dev/kurma/internal/api/...`,
+// `kurma.dev/kurma/internal/network/manager`,
+// `kurma.dev/kurma/internal/network/netplugin`,
+// `kurma.dev/kurma/internal/stager`.
 package config

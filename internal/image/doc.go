@@ -60,5 +60,8 @@
 // added with `go get` of its packages. This package also imports
 // klauspost/compress/zstd directly to read zstd-compressed layers and ACIs.
 //
-// It must not import the pod manager, the API or anything network-related.
+// Must not import: `kurma.dev/kurma/internal/pod`,
+// `kurma.dev/kurma/internal/api/...`, `kurma.dev/kurma/internal/network/...`,
+// `kurma.dev/kurma/internal/agent/...`,
+// `kurma.dev/kurma/internal/controller/...`.
 package image

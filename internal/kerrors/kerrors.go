@@ -3,8 +3,9 @@
 // are the same sentinels, so errors.Is matches across both import paths.
 // New code imports kurma.dev/kurma/pkg/kerrors.
 //
-// This package is a leaf apart from pkg/kerrors: it must not import any
-// other Kurma package.
+// This package is a leaf apart from pkg/kerrors.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/pkg/kerrors`).
 package kerrors
 
 import "kurma.dev/kurma/pkg/kerrors"

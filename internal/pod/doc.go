@@ -92,5 +92,6 @@
 // time) for protocol and failure cases, and the real default stager
 // (cmd/kurma-stager) with the real image store for end-to-end cases.
 //
-// It must not import the API server, the CLI or internal/config.
+// Must not import: `kurma.dev/kurma/internal/api/...`,
+// `kurma.dev/kurma/internal/cli`, `kurma.dev/kurma/internal/config`.
 package pod

@@ -101,6 +101,9 @@
 // while a process is waited for or a client is written to, except the
 // one-second bounded write of fanOut under outMu.
 //
-// Must not import: internal/pod, the daemon, or anything that needs cgo;
-// only pkg/appc, pkg/stagerspec and internal/kerrors from Kurma.
+// It needs no cgo, and takes from Kurma only pkg/appc, pkg/stagerspec,
+// mountinfo and kerrors.
+// Must not import: `kurma.dev/kurma/...` (except `kurma.dev/kurma/pkg/appc`,
+// `kurma.dev/kurma/pkg/stagerspec`, `kurma.dev/kurma/internal/mountinfo`,
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
 package stager

@@ -3,6 +3,7 @@
 // finding the binaries that `make build` produced.
 //
 // Every helper that creates a resource registers its own t.Cleanup. Only
-// _test.go files may import this package; it must not import any Kurma
-// package other than kerrors.
+// _test.go files may import this package.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
 package testutil

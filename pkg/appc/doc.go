@@ -7,5 +7,6 @@
 // Validation is strict where a value becomes a path or an identifier (image
 // IDs, app and volume names) because manifests come from outside.
 //
-// This package is a leaf: it must not import any other Kurma package.
+// This package is a leaf.
+// Must not import: `kurma.dev/kurma/...`.
 package appc

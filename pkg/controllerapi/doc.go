@@ -12,6 +12,6 @@
 // Locking: a Client is safe for concurrent use; it holds no mutable state
 // beyond its http.Client.
 //
-// This package must not import any Kurma package other than
-// pkg/kerrors.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/pkg/kerrors`).
 package controllerapi

@@ -10,7 +10,8 @@
 // with errors.Is. internal/kerrors re-exports it for code written before
 // the move.
 //
-// This package is a leaf: it must not import any other Kurma package.
+// This package is a leaf.
+// Must not import: `kurma.dev/kurma/...`, `net/http`.
 package kerrors
 
 import (

@@ -15,9 +15,11 @@
 //
 // Locking: none; each invocation is one short-lived process.
 //
-// Speed matters (one exec per pod): this package must stay small and must
-// never import Kubernetes, etcd, prometheus, net/http or the controller's
-// server or store packages. It talks to the controller through its own
+// Speed matters (one exec per pod): this package must stay small.
+// Must not depend on: `k8s.io/...`, `go.etcd.io/...`,
+// `github.com/prometheus/...`, `net/http`,
+// `kurma.dev/kurma/internal/controller/...`.
+// It talks to the controller through its own
 // small HTTP/1.1 client (api.go) with wire types whose JSON matches
 // pkg/controllerapi (tested), because pkg/controllerapi's net/http client
 // was a large share of the plugin's process time (bench/cni/README.md).

@@ -22,8 +22,11 @@
 // with t.Cleanup. No locking: an Env is used by one test, except for the
 // concurrent-ADD check, which uses distinct containers.
 //
-// Only tests import this package. It must not import any Kurma package
-// except internal/testutil; its mpenv sub-package (which starts the real
-// controller and agent binaries for mizarmp tests and the benchmark) uses
-// only pkg/controllerapi.
+// Only tests import this package. Its mpenv sub-package (which starts the
+// real controller and agent binaries for mizarmp tests and the benchmark)
+// uses only pkg/controllerapi.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/internal/testutil`, `kurma.dev/kurma/internal/kerrors`,
+// `kurma.dev/kurma/pkg/kerrors`, `kurma.dev/kurma/test/cniconformance/mpenv`,
+// `kurma.dev/kurma/pkg/controllerapi`).
 package cniconformance

@@ -55,6 +55,6 @@
 // (nftMu). Callers serialise operations on the same port id and on the
 // same VPC; different ports may be plugged concurrently.
 //
-// This package must not import the controller (internal/controller/...)
-// or pkg/controllerapi: it speaks only in its own PortSpec/VPCSpec types.
+// It speaks only in its own PortSpec/VPCSpec types, never in the
+// controller's. Must not import: `kurma.dev/kurma/internal/controller/...`, `kurma.dev/kurma/pkg/controllerapi`.
 package datapath

@@ -71,7 +71,6 @@
 //
 // Locking: Path.mu guards all mirrors and serialises transactions.
 //
-// This package must not import the controller (internal/controller/...),
-// pkg/controllerapi or the agent's other packages: it speaks only in its
-// own LB and FIP types.
+// It speaks only in its own LB and FIP types, never in the controller's or
+// the agent's. Must not import: `kurma.dev/kurma/internal/controller/...`, `kurma.dev/kurma/pkg/controllerapi`, `kurma.dev/kurma/internal/agent`, `kurma.dev/kurma/internal/agent/datapath`.
 package lbpath

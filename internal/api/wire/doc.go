@@ -2,7 +2,8 @@
 // client (internal/api/client) share: the request and response types, the
 // JSON error body, request validation, and the frame protocol of streams.
 //
-// Both sides import it; it must never import net/http, the server, the
-// client or the pod runtime (internal/pod): the kurma CLI links it, and
-// every package it links costs each command its start-up.
+// Both sides import it. The kurma CLI links it, and every package it links
+// costs each command its start-up.
+// Must not depend on: `net/http`, `kurma.dev/kurma/internal/api`,
+// `kurma.dev/kurma/internal/api/client`, `kurma.dev/kurma/internal/pod`.
 package wire

@@ -15,6 +15,6 @@
 // ipam.Tracker has its own lock; waiters.mu guards the long-poll waiters.
 // No lock is held across a store call.
 //
-// Must not import net/http or internal/controller/api; must not be
-// imported by the store or ipam packages.
+// It must not be imported by the store or ipam packages.
+// Must not import: `net/http`, `kurma.dev/kurma/internal/controller/api`.
 package core

@@ -9,6 +9,7 @@
 // Locking: implementations are safe for concurrent use; this package holds
 // only types.
 //
-// This package must not import internal/controller/api or ipam; it knows
-// nothing about ports or subnets.
+// It knows nothing about ports or subnets.
+// Must not import: `kurma.dev/kurma/internal/controller/api`,
+// `kurma.dev/kurma/internal/controller/ipam`.
 package store

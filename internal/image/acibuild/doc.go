@@ -3,6 +3,9 @@
 // so an image built twice from the same inputs has the same ID. It backs
 // cmd/kurma-acbuild and the image tests.
 //
-// A Builder is not safe for concurrent use. This package must not import
-// the image store; it may import pkg/appc and internal/kerrors.
+// A Builder is not safe for concurrent use.
+//
+// Must not import: `kurma.dev/kurma/...` (except `kurma.dev/kurma/pkg/appc`,
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`,
+// `kurma.dev/kurma/internal/image/tarx`).
 package acibuild

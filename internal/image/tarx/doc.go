@@ -30,5 +30,6 @@
 // state. The caller extracts into a fresh temporary directory and removes it
 // when Extract fails, so a rejected tarball leaves nothing behind.
 //
-// This package must not import any other Kurma package except kerrors.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
 package tarx

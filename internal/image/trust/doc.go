@@ -10,5 +10,8 @@
 //	signature:   "kurma-ed25519-sig <base64 8-byte key id> <base64 64-byte signature>"
 //
 // A Keyring is immutable once built and safe for concurrent use. This
-// package must not import any other Kurma package except kerrors.
+// package imports no other Kurma package but kerrors.
+//
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
 package trust

@@ -28,7 +28,8 @@
 // the stager root's writable layer as /etc/resolv.conf, which the stager
 // copies into each app when it starts them.
 //
-// This package must never import the API server or the CLI. It imports the
+// Must not import: `kurma.dev/kurma/internal/api`,
+// `kurma.dev/kurma/internal/cli`, `kurma.dev/kurma/internal/config`. It imports the
 // pod manager's types for pod.Networker and pod.Manager, and the stager
 // package only for its init-socket client: stager.RunAt, the PodCaller's
 // shortcut past nsenter and /opt/stager/run (a process start less per call;

@@ -9,7 +9,9 @@
 // mutable state, so there is no locking. Randomness for templates is drawn
 // from an io.Reader the caller may supply (crypto/rand by default).
 //
-// This package must never import the daemon, pod manager, stager or any
-// package that touches the network (netlink, netns); it may import only
-// kerrors among Kurma packages, plus the CNI types.
+// It touches no network (no netlink, no netns) and imports, among Kurma
+// packages, only kerrors.
+// Must not import: `kurma.dev/kurma/...`, `github.com/vishvananda/...`,
+// `github.com/containernetworking/plugins/pkg/ns` (except
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
 package netconf

@@ -14,6 +14,8 @@
 // takes its own lock). A Plugin value has no mutable fields and is safe for
 // concurrent use.
 //
-// This package must never import the daemon, pod manager or stager; among
-// Kurma packages it may import only kerrors and network/netconf.
+// Among Kurma packages it imports only kerrors and network/netconf.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`,
+// `kurma.dev/kurma/internal/network/netconf`).
 package netplugin

@@ -4,6 +4,8 @@
 // runtime) re-exports them under its own name.
 //
 // It exists so that the kurma CLI can speak about pods without linking the
-// runtime: it must never import internal/pod, net/http or anything with
-// start-up cost beyond encoding/json and pkg/appc, pkg/stagerspec.
+// runtime, so nothing with start-up cost beyond encoding/json and pkg/appc,
+// pkg/stagerspec.
+// Must not depend on: `kurma.dev/kurma/internal/pod`, `net/http`,
+// `kurma.dev/kurma/internal/image`, `kurma.dev/kurma/internal/stager`.
 package podtypes

@@ -11,6 +11,7 @@
 // more page faults to start (figures in bench/README.md). `kurmad stage-init` runs the same code
 // where that binary is missing.
 //
-// Must import nothing of Kurma and as little else as it can: every package
-// linked costs each pod start its initialisation.
+// It imports as little as it can: every package linked costs each pod
+// start its initialisation.
+// Must not depend on: `kurma.dev/kurma/...`.
 package stageinit

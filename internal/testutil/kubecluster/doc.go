@@ -19,6 +19,8 @@
 //
 // Facts about running these components on the test machines are in
 // docs/kubernetes-testing.md. Only tests and bench/ mains import this
-// package; it must not import any Kurma package other than
-// internal/testutil.
+// package.
+// Must not import: `kurma.dev/kurma/...` (except
+// `kurma.dev/kurma/internal/testutil`, `kurma.dev/kurma/internal/kerrors`,
+// `kurma.dev/kurma/pkg/kerrors`).
 package kubecluster

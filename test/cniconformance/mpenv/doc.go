@@ -6,8 +6,9 @@
 // made under the caller's prefix.
 //
 // It does not import testing, so the benchmark (package main) can use it;
-// tests wrap it with a t.Cleanup. It must not import the controller's or
-// agent's internal packages: it drives the shipped binaries.
+// tests wrap it with a t.Cleanup. It drives the shipped binaries.
+// Must not import: `kurma.dev/kurma/internal/controller/...`,
+// `kurma.dev/kurma/internal/agent/...`, `testing`.
 //
 // Locking: an Env is used from one goroutine (its Client is concurrency
 // safe).

@@ -20,5 +20,6 @@
 // Locking: hub.mu guards the in-memory event history; the writer goroutine
 // is the only one that writes to bbolt.
 //
-// Must not import internal/controller/api or ipam.
+// Must not import: `kurma.dev/kurma/internal/controller/api`,
+// `kurma.dev/kurma/internal/controller/ipam`.
 package boltstore

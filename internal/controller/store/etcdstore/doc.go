@@ -7,5 +7,6 @@
 //
 // Locking: none of its own; the etcd client is safe for concurrent use.
 //
-// Must not import internal/controller/api or ipam.
+// Must not import: `kurma.dev/kurma/internal/controller/api`,
+// `kurma.dev/kurma/internal/controller/ipam`.
 package etcdstore
