@@ -23,7 +23,7 @@ import (
 )
 
 func main() {
-	part := flag.String("part", "agent", "what to measure: controller or agent (agent-rss is internal)")
+	part := flag.String("part", "agent", "what to measure: controller, agent, or agent-e2e (only the end-to-end agent figures; agent-rss is internal)")
 	var cc ctlConfig
 	flag.IntVar(&cc.ops, "ctl-ops", 3000, "controller: requests per figure")
 	flag.IntVar(&cc.conc, "ctl-conc", 32, "controller: concurrent clients")
@@ -65,6 +65,12 @@ func main() {
 				fmt.Println("\n== end to end: controller 201 -> element live in a real kurma-agent's table (read back through netlink)")
 				_, err = runAgentE2E(ctx, sz, *e2eCreates)
 			}
+		}
+	case "agent-e2e":
+		var sz []int
+		if sz, err = parseSizes(*sizes); err == nil {
+			fmt.Println("== end to end: controller 201 -> element live in a real kurma-agent's table (read back through netlink)")
+			_, err = runAgentE2E(ctx, sz, *e2eCreates)
 		}
 	case "agent-rss":
 		err = agentRSS(ctx, *n)

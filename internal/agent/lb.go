@@ -163,9 +163,6 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 				c.dirtyLB[id] = true
 			}
 		}
-		for id := range c.progLB {
-			c.dirtyLB[id] = true
-		}
 		c.localVNIs = local
 	}
 	// Port FIPs follow their port's host; mark those whose answer changed.
@@ -177,11 +174,11 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	full := c.full
 	var st lbpath.State
 	var ch lbpath.Changes
-	progLB := maps.Clone(c.progLB)
-	progFIP := maps.Clone(c.progFIP)
+	// Updated in place (no copy: O(changed) per sync); after a failure the
+	// next sync is a full one, which rebuilds them.
+	progLB, progFIP := c.progLB, c.progFIP
 	if full {
-		clear(progLB)
-		clear(progFIP)
+		progLB, progFIP = map[string]bool{}, map[string]lbpath.FIP{}
 		for _, l := range c.lbs {
 			if spec, ok := a.lbSpecLocked(l, bn); ok {
 				st.LBs = append(st.LBs, spec)

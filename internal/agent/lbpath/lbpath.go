@@ -76,7 +76,7 @@ type Path struct {
 	fips      map[string]*FIP
 	fipsOfLB  map[string]map[string]bool // lb id -> ids of its FIPs
 	owned     map[string][]contrib       // "lb:"/"fip:" + id -> what it contributes
-	want      map[elem]*wantVal
+	want      map[elem]wantVal
 	have      map[elem]string // mirror of the kernel
 	pending   map[elem]bool   // keys whose kernel state may differ from want
 	chains    map[string]bool // pick chains that exist in the kernel
@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	}
 	p := &Path{cfg: cfg, log: cfg.Logger,
 		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
-		owned: map[string][]contrib{}, want: map[elem]*wantVal{}, have: map[elem]string{},
+		owned: map[string][]contrib{}, want: map[elem]wantVal{}, have: map[elem]string{},
 		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
 		affPurge: map[string]bool{}}
 	nsPath := cfg.HostNS
@@ -430,22 +430,24 @@ func (p *Path) frontends(l *LB) []frontend {
 // setContrib replaces what owner contributes to the wanted elements.
 func (p *Path) setContrib(owner string, cs []contrib) {
 	for _, c := range p.owned[owner] {
-		w := p.want[c.e]
-		if w == nil {
+		w, ok := p.want[c.e]
+		if !ok {
 			continue
 		}
 		w.refs--
 		if w.refs <= 0 {
 			delete(p.want, c.e)
 			p.chainRef(c.e, w.val, -1)
+		} else {
+			p.want[c.e] = w
 		}
 		p.pending[c.e] = true
 	}
 	for _, c := range cs {
-		w := p.want[c.e]
+		w, ok := p.want[c.e]
 		switch {
-		case w == nil:
-			p.want[c.e] = &wantVal{val: c.val, refs: 1}
+		case !ok:
+			w = wantVal{val: c.val}
 			p.chainRef(c.e, c.val, 1)
 		case w.val != c.val:
 			// Two owners disagree (e.g. the same VIP and port twice): the
@@ -453,10 +455,9 @@ func (p *Path) setContrib(owner string, cs []contrib) {
 			p.chainRef(c.e, w.val, -1)
 			p.chainRef(c.e, c.val, 1)
 			w.val = c.val
-			w.refs++
-		default:
-			w.refs++
 		}
+		w.refs++
+		p.want[c.e] = w
 		p.pending[c.e] = true
 	}
 	if len(cs) == 0 {
@@ -780,7 +781,7 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lbs, p.fips, p.fipsOfLB = map[string]*LB{}, map[string]*FIP{}, map[string]map[string]bool{}
-	p.owned, p.want, p.chainRefs = map[string][]contrib{}, map[elem]*wantVal{}, map[string]int{}
+	p.owned, p.want, p.chainRefs = map[string][]contrib{}, map[elem]wantVal{}, map[string]int{}
 	touched := map[string]bool{}
 	for i := range s.LBs {
 		l := cloneLB(&s.LBs[i])
