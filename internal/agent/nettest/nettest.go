@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -25,26 +24,16 @@ import (
 )
 
 // NetNSDir is where `ip netns` keeps named namespaces.
-const NetNSDir = "/run/netns"
+const NetNSDir = testutil.NetNSDir
 
-// NewNS creates the named network namespace (use testutil.UniqueName with
-// your prefix) with loopback up, removes it when the test ends, and
-// returns its path.
+// NewNS is testutil.NewNamedNetNS (the one home of the netns helpers).
 func NewNS(t testing.TB, name string) string {
 	t.Helper()
-	testutil.RequireRoot(t)
-	testutil.Run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() { DelNS(name) })
-	testutil.Run(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return filepath.Join(NetNSDir, name)
+	return testutil.NewNamedNetNS(t, name)
 }
 
-// DelNS removes a named namespace; missing is fine.
-func DelNS(name string) {
-	if _, err := os.Stat(filepath.Join(NetNSDir, name)); err == nil {
-		_ = runQuiet("ip", "netns", "del", name)
-	}
-}
+// DelNS is testutil.DelNamedNetNS.
+func DelNS(name string) { testutil.DelNamedNetNS(name) }
 
 // Name returns the name of a namespace path under /run/netns.
 func Name(path string) string { return filepath.Base(path) }
