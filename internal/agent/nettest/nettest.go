@@ -120,7 +120,13 @@ func Reach(ctx context.Context, nsPath, addr, want string) error {
 // Links lists the link names in a namespace.
 func Links(t testing.TB, nsPath string) []string {
 	t.Helper()
-	out := IP(t, nsPath, "-o", "link", "show")
+	// Only stdout: ip warns on stderr (e.g. "Error: Peer netns reference
+	// is invalid.") when a veth's peer namespace is being torn down.
+	b, err := exec.Command("ip", "-n", Name(nsPath), "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatalf("ip -n %s link show: %v", Name(nsPath), err)
+	}
+	out := string(b)
 	var names []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Fields(line)
