@@ -121,6 +121,9 @@ type Reconciler struct {
 	byKey  map[string]string                      // guarded by mu; namespace/name -> lb id
 	warned map[types.UID]bool                     // guarded by mu; Services told the external network is missing
 	extOK  bool                                   // guarded by mu; the external network exists
+	// waitIP: Services whose loadBalancerIP was taken, by address; they
+	// are synced again when a floating IP with that address is released.
+	waitIP map[string]map[string]bool // guarded by mu
 	// vpcPrefix holds every member address the controller accepts;
 	// guarded by mu, set by setup before the workers start.
 	vpcPrefix netip.Prefix
@@ -191,6 +194,7 @@ func New(cfg Config) (*Reconciler, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-services"}),
 		lbs: map[string]*controllerapi.LoadBalancer{}, fips: map[string]*controllerapi.FloatingIP{},
 		byKey: map[string]string{}, warned: map[types.UID]bool{},
+		waitIP: map[string]map[string]bool{},
 	}
 	r.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
 	svcInf := r.factory.Core().V1().Services()
@@ -328,6 +332,7 @@ func (r *Reconciler) lead(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+	r.synced0.Store(true)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer r.q.ShutDown()

@@ -113,14 +113,13 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 
 // remove deletes the floating IP and load balancer with this id.
 func (r *Reconciler) remove(ctx context.Context, key, id string) error {
-	if err := r.c.DeleteFloatingIP(ctx, r.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
-		return fmt.Errorf("delete floating ip %s: %w", id, err)
+	if err := r.deleteFIP(ctx, id); err != nil {
+		return err
 	}
 	if err := r.c.DeleteLoadBalancer(ctx, r.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
 		return fmt.Errorf("delete load balancer %s: %w", id, err)
 	}
 	r.mu.Lock()
-	delete(r.fips, id)
 	delete(r.lbs, id)
 	if key != "" && r.byKey[key] == id {
 		delete(r.byKey, key)
@@ -221,12 +220,26 @@ func (r *Reconciler) dropFIP(ctx context.Context, id string) error {
 	if !ok {
 		return nil
 	}
+	return r.deleteFIP(ctx, id)
+}
+
+// deleteFIP releases floating IP id (a missing one is fine) and wakes the
+// Services waiting for its address.
+func (r *Reconciler) deleteFIP(ctx context.Context, id string) error {
 	if err := r.c.DeleteFloatingIP(ctx, r.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
 		return fmt.Errorf("delete floating ip %s: %w", id, err)
 	}
 	r.mu.Lock()
+	var wake map[string]bool
+	if f := r.fips[id]; f != nil {
+		wake = r.waitIP[f.FloatingIPAddress]
+		delete(r.waitIP, f.FloatingIPAddress)
+	}
 	delete(r.fips, id)
 	r.mu.Unlock()
+	for k := range wake {
+		r.q.Add(k)
+	}
 	return nil
 }
 
@@ -276,6 +289,14 @@ func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Serv
 			}
 			msg := fmt.Sprintf("loadBalancerIP %s is not available: %v", req, err)
 			r.rec.Event(svc, corev1.EventTypeWarning, ReasonAddressTaken, msg)
+			r.mu.Lock()
+			if r.waitIP[req] == nil {
+				r.waitIP[req] = map[string]bool{}
+			}
+			r.waitIP[req][key] = true
+			r.mu.Unlock()
+			// Released by one of ours: woken at once; by anyone else:
+			// seen at the next try.
 			r.q.AddAfter(key, retryTakenAddressIn)
 			return r.setStatus(ctx, svc, "", metav1.ConditionFalse, ReasonAddressTaken, msg)
 		case errors.Is(err, kerrors.Invalid) && req != "":
@@ -410,8 +431,8 @@ func (r *Reconciler) resync(ctx context.Context) error {
 			continue
 		}
 		if !wantFIP[f.ID] {
-			if err := r.c.DeleteFloatingIP(ctx, r.cfg.Project, f.ID); err != nil && !errors.Is(err, kerrors.NotFound) {
-				return fmt.Errorf("resync: delete floating ip %s: %w", f.ID, err)
+			if err := r.deleteFIP(ctx, f.ID); err != nil {
+				return fmt.Errorf("resync: %w", err)
 			}
 			stale++
 			continue
