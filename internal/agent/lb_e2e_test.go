@@ -197,6 +197,13 @@ func TestLoadBalancerE2E(t *testing.T) {
 			return nil
 		})
 	}
+	// Another VPC on the same host does not reach this VPC's VIP.
+	other := c.network(ctx, pid, "other", "10.21.0.0/24")
+	stranger := c.newPod(ctx, t, pid, other.ID, c.hosts[0])
+	c.waitUp(ctx, t, pid, stranger)
+	if got, err := nettest.Dial(stranger.ns, tcpVIP, 500*time.Millisecond); err == nil {
+		t.Fatalf("a pod of another VPC reached the VIP: %q", got)
+	}
 	// Hairpin: a member reaches its own VIP.
 	until(t, 5*time.Second, "hairpin", func() error {
 		_, err := spread(m1.ns, "tcp", tcpVIP, 10)
