@@ -184,13 +184,19 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 			c = nil
 		}
 	}()
-	if c.Dir, err = os.MkdirTemp("", "kkc"); err != nil {
+	if err := sweep(); err != nil {
+		return c, fmt.Errorf("sweep clusters of dead tests: %w", err)
+	}
+	if c.Dir, err = os.MkdirTemp("", dirPrefix); err != nil {
 		return c, err
 	}
 	if c.netns, err = testutils.NewNS(); err != nil {
 		return c, fmt.Errorf("create netns: %w", err)
 	}
 	c.NetNS = c.netns.Path()
+	if err := c.saveRecord(); err != nil {
+		return c, err
+	}
 	if err := c.netns.Do(func(ns.NetNS) error { return setupLoopback() }); err != nil {
 		return c, err
 	}

@@ -13,7 +13,10 @@
 // registers) removes every pod sandbox through the CRI, stops every process
 // by PID, unmounts what the kubelet and containerd mounted, removes the
 // cgroups, restores the kernel settings the kubelet changed, and deletes the
-// namespace and the cluster's folder. A host-wide file lock makes clusters of
+// namespace and the cluster's folder. A test binary killed before Close
+// takes its daemons with it (parent-death signal); the next Start undoes the
+// rest from the record the cluster kept in its folder (sweep.go), CRI
+// sandboxes included. A host-wide file lock makes clusters of
 // different test packages wait for each other; such packages belong in
 // HOST_PKGS in the Makefile.
 //

@@ -17,12 +17,16 @@ import (
 // offline images, and waits for the Node (Ready if a CNI config is set).
 func (c *Cluster) startNode(ctx context.Context, opts Options) error {
 	c.CgroupRoot = "/" + filepath.Base(c.Dir)
-	if err := createCgroups(c.CgroupRoot); err != nil {
-		return err
-	}
+	c.ContainerdSocket = filepath.Join(c.Dir, "containerd", "containerd.sock")
 	c.newDirs = missingHostDirs()
 	var err error
 	if c.sysctls, err = saveSysctls(); err != nil {
+		return err
+	}
+	if err := c.saveRecord(); err != nil {
+		return err
+	}
+	if err := createCgroups(c.CgroupRoot); err != nil {
 		return err
 	}
 	c.CNIConfDir = filepath.Join(c.Dir, "cni", "net.d")
@@ -71,8 +75,7 @@ func linkCNIBin(dir, src, fallback string) error {
 }
 
 func (c *Cluster) startContainerd(ctx context.Context) error {
-	d := filepath.Join(c.Dir, "containerd")
-	c.ContainerdSocket = filepath.Join(d, "containerd.sock")
+	d := filepath.Dir(c.ContainerdSocket)
 	conf := fmt.Sprintf(`version = 2
 root = %q
 state = %q

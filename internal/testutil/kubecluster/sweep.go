@@ -1,0 +1,118 @@
+package kubecluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"kurma.dev/kurma/internal/testutil"
+)
+
+// dirPrefix names the clusters' folders in os.TempDir().
+const dirPrefix = "kkc"
+
+// record is what a cluster writes to <Dir>/cluster.json as it makes host
+// state, so that a later Start can undo a cluster whose test binary died
+// before Close (its daemons die with it, through their parent-death
+// signal; its mounts, cgroups, namespace, shims and kernel settings stay).
+type record struct {
+	NetNS            string            `json:"netns,omitempty"`
+	CgroupRoot       string            `json:"cgroupRoot,omitempty"`
+	ContainerdSocket string            `json:"containerdSocket,omitempty"`
+	Sysctls          map[string]string `json:"sysctls,omitempty"`
+}
+
+// saveRecord writes the cluster's record.
+func (c *Cluster) saveRecord() error {
+	b, err := json.Marshal(record{NetNS: c.NetNS, CgroupRoot: c.CgroupRoot,
+		ContainerdSocket: c.ContainerdSocket, Sysctls: c.sysctls})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.Dir, "cluster.json"), b, 0o600)
+}
+
+// sweep undoes clusters left by dead test binaries. It runs under the host
+// lock, so no folder it finds belongs to a live cluster.
+func sweep() error {
+	dirs, err := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			continue
+		}
+		var r record
+		if b, err := os.ReadFile(filepath.Join(d, "cluster.json")); err == nil {
+			if err := json.Unmarshal(b, &r); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", d, err))
+				continue
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		c := &Cluster{Dir: d, NetNS: r.NetNS, ContainerdSocket: r.ContainerdSocket}
+		if r.ContainerdSocket != "" {
+			errs = append(errs, c.sweepSandboxes(), c.killShims())
+		}
+		if strings.HasPrefix(r.CgroupRoot, "/"+dirPrefix) {
+			errs = append(errs, removeCgroups(r.CgroupRoot))
+		}
+		errs = append(errs, unmountUnder(d), removeContainerLogLinks(d), restoreSysctls(r.Sysctls))
+		if r.NetNS != "" {
+			errs = append(errs, testutil.RemoveNetNS(r.NetNS))
+		}
+		errs = append(errs, os.RemoveAll(d))
+		// A shim's socket folder is left when its containerd died; empty
+		// folders hold nobody's state.
+		removeEmptyDirs([]string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd"})
+	}
+	return errors.Join(errs...)
+}
+
+// sweepSandboxes restarts a dead cluster's containerd with its own config,
+// in its own namespace, and removes its pod sandboxes through the CRI, so
+// that their CNI DEL runs and their namespaces and mounts go.
+func (c *Cluster) sweepSandboxes() error {
+	cfg := filepath.Join(filepath.Dir(c.ContainerdSocket), "config.toml")
+	if _, err := os.Stat(cfg); err != nil {
+		return nil // containerd never started
+	}
+	if _, err := os.Stat(c.NetNS); err != nil {
+		return nil
+	}
+	var err error
+	if c.spawn, err = newSpawner(c.NetNS); err != nil {
+		return err
+	}
+	defer c.spawn.stop()
+	p, err := c.StartProcess("containerd-sweep", exec.Command("containerd", "--config", cfg))
+	if err != nil {
+		return err
+	}
+	defer p.Stop(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if _, err := c.ctr(ctx, "version"); err == nil {
+			break
+		}
+		select {
+		case <-p.Done():
+			return fmt.Errorf("sweep: containerd exited: %v", p.Err())
+		case <-ctx.Done():
+			return fmt.Errorf("sweep: containerd not ready: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return c.removeSandboxes()
+}
