@@ -62,6 +62,7 @@ func run() error {
 		lbTable       = flag.String("lb-nft-table", "kurma-lb", "name of the nftables inet table of load balancers and floating IPs")
 		extIface      = flag.String("external-interface", "", "interface toward the external network, where floating IPs are answered (empty: no floating IPs)")
 		verbose       = flag.Bool("v", false, "debug logging")
+		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
 
 		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
 		k8sKubeconfig = flag.String("k8s-kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
@@ -129,14 +130,16 @@ func run() error {
 		defer p.Close()
 		lb = p
 	}
+	reg := newRegistry()
 	a, err := agent.New(agent.Config{
 		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
 		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, LB: lb, Logger: log,
-		LocalAttach: *k8sNode != "",
+		LocalAttach: *k8sNode != "", Metrics: reg,
 	})
 	if err != nil {
 		return err
 	}
+	serveMetrics(ctx, *metricsAddr, reg, a.Synced(), log)
 	log.Info("kurma-agent starting", "host", *hostID, "controller", *controllerURL, "underlay_ip", ip)
 	if *k8sNode == "" {
 		err = a.Run(ctx)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -65,6 +67,8 @@ type Config struct {
 	// Without it such a port is reported ERROR.
 	LocalAttach bool
 	Logger      *slog.Logger
+	// Metrics, when set, gets the agent's Prometheus metrics (metrics.go).
+	Metrics prometheus.Registerer
 }
 
 // Agent reconciles this host's datapath with the controller. Build it with
@@ -75,6 +79,7 @@ type Agent struct {
 	c   Controller
 	log *slog.Logger
 	q   *queue
+	m   *metrics // nil without Config.Metrics
 
 	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters
 	attach   map[string]Attachment            // local attachments by port id (LocalAttach)
@@ -118,9 +123,10 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	q := newQueue(cfg.BackoffBase, cfg.BackoffMax)
 	return &Agent{
 		cfg: cfg, dp: cfg.Datapath, c: cfg.Controller, log: cfg.Logger,
-		q:     newQueue(cfg.BackoffBase, cfg.BackoffMax),
+		q: q, m: newMetrics(cfg.Metrics, q),
 		ports: map[string]*controllerapi.Port{}, hosts: map[string]net.IP{},
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
@@ -210,7 +216,9 @@ func (a *Agent) work(ctx context.Context) {
 		if !ok {
 			return
 		}
+		start := time.Now()
 		err := a.sync(ctx, key)
+		a.m.observeSync(key, start, err)
 		a.q.Done(key)
 		switch {
 		case err == nil || ctx.Err() != nil:

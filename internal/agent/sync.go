@@ -85,7 +85,9 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 	}
 	if err == nil {
 		l.RLock()
+		start := time.Now()
 		err = a.dp.Plug(ctx, spec)
+		a.m.observePlug(start, err)
 		l.RUnlock()
 	}
 	if err != nil {

@@ -91,14 +91,14 @@ func TestParseEnv(t *testing.T) {
 
 func TestBuildSpec(t *testing.T) {
 	f := runFlags{name: "web", volumes: []string{"/tmp:/host", "data:/d1", "data:/d2"}, env: []string{"X=1"},
-		nets: []string{"a,b", "host"}, user: "nobody:nogroup", tty: true, stager: "file:///s.aci"}
+		nets: []string{"a,b", "c"}, user: "nobody:nogroup", tty: true, stager: "file:///s.aci"}
 	spec, err := buildSpec(&f, []string{"busybox", "sh", "-c", "true"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := spec.Apps[0]
 	if spec.Name != "web" || len(spec.Volumes) != 2 || len(a.Mounts) != 3 || a.User != "nobody" || a.Group != "nogroup" ||
-		!a.TTY || strings.Join(a.Exec, " ") != "sh -c true" || strings.Join(spec.Networks, ",") != "a,b,host" || spec.StagerImage != "file:///s.aci" {
+		!a.TTY || strings.Join(a.Exec, " ") != "sh -c true" || strings.Join(spec.Networks, ",") != "a,b,c" || spec.StagerImage != "file:///s.aci" {
 		t.Fatalf("spec = %+v", spec)
 	}
 	if _, err := buildSpec(&runFlags{name: "bad name"}, []string{"busybox"}); !errors.Is(err, kerrors.Invalid) {
@@ -175,5 +175,15 @@ func TestProgress(t *testing.T) {
 	p.update(progressEv("l1", "fetching", 10, 10))
 	if !strings.Contains(b.String(), "\x1b[2A") || !strings.Contains(b.String(), "[==============================]") {
 		t.Fatalf("terminal progress: %q", b.String())
+	}
+}
+
+// TestBuildSpecValidates: the CLI refuses what the daemon would, with the
+// one validator (podtypes.Spec.Validate).
+func TestBuildSpecValidates(t *testing.T) {
+	for _, nets := range [][]string{{"a,host"}, {"none", "b"}} {
+		if _, err := buildSpec(&runFlags{nets: nets}, []string{"busybox"}); !errors.Is(err, kerrors.Invalid) {
+			t.Errorf("--net %v: err = %v, want Invalid", nets, err)
+		}
 	}
 }

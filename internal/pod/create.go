@@ -75,75 +75,38 @@ func StepNames() []string {
 // ValidName reports whether s may name a pod (podtypes.ValidName).
 func ValidName(s string) bool { return podtypes.ValidName(s) }
 
-// validateSpec checks a spec before anything is made.
+// validateSpec checks a spec before anything is made: Spec.Validate (the
+// one validator, which the API and CLI run too), then what only the host
+// can tell (a host volume's source exists), and names the apps that have
+// no name after their images.
 func validateSpec(s *Spec) error {
-	if s.Name != "" && !ValidName(s.Name) {
-		return kerrors.New(kerrors.Invalid, "pod name %q: use up to 63 letters, digits, '_', '.', '-'", s.Name)
+	if err := s.Validate(); err != nil {
+		return err
 	}
-	if len(s.Apps) == 0 {
-		return kerrors.New(kerrors.Invalid, "a pod needs at least one app")
-	}
-	vols := map[string]bool{}
 	for _, v := range s.Volumes {
-		if !appc.ValidACName(v.Name) {
-			return kerrors.New(kerrors.Invalid, "volume name %q is not a valid AC name", v.Name)
-		}
-		if vols[v.Name] {
-			return kerrors.New(kerrors.Invalid, "duplicate volume %q", v.Name)
-		}
-		vols[v.Name] = true
-		switch v.Kind {
-		case "empty":
-		case "host":
-			if !filepath.IsAbs(v.Source) {
-				return kerrors.New(kerrors.Invalid, "host volume %q needs an absolute source", v.Name)
-			}
+		if v.Kind == "host" {
 			if _, err := os.Stat(v.Source); err != nil {
 				return kerrors.New(kerrors.Invalid, "host volume %q: %v", v.Name, err)
 			}
-		default:
-			return kerrors.New(kerrors.Invalid, "volume %q: kind must be empty or host, got %q", v.Name, v.Kind)
 		}
 	}
 	names := map[string]bool{}
+	for _, a := range s.Apps {
+		names[a.Name] = a.Name != ""
+	}
 	for i := range s.Apps {
 		a := &s.Apps[i]
-		if a.Image == "" {
-			return kerrors.New(kerrors.Invalid, "app %d: image is required", i)
+		if a.Name != "" {
+			continue
 		}
-		if a.Name == "" {
-			a.Name = appNameFrom(a.Image)
-			for n := 2; names[a.Name]; n++ {
-				a.Name = fmt.Sprintf("%s-%d", appNameFrom(a.Image), n)
-			}
+		a.Name = appNameFrom(a.Image)
+		for n := 2; names[a.Name]; n++ {
+			a.Name = fmt.Sprintf("%s-%d", appNameFrom(a.Image), n)
 		}
 		if !appc.ValidACName(a.Name) {
-			return kerrors.New(kerrors.Invalid, "app name %q is not a valid AC name", a.Name)
-		}
-		if names[a.Name] {
-			return kerrors.New(kerrors.Invalid, "duplicate app name %q", a.Name)
+			return kerrors.New(kerrors.Invalid, "app %d: name %q derived from image %q is not valid; name the app", i, a.Name, a.Image)
 		}
 		names[a.Name] = true
-		for _, e := range a.Env {
-			if !appc.ValidEnvName(e.Name) {
-				return kerrors.New(kerrors.Invalid, "app %s: invalid environment variable name %q", a.Name, e.Name)
-			}
-		}
-		for _, m := range a.Mounts {
-			if !vols[m.Volume] {
-				return kerrors.New(kerrors.Invalid, "app %s mounts unknown volume %q", a.Name, m.Volume)
-			}
-			if !filepath.IsAbs(m.Path) {
-				return kerrors.New(kerrors.Invalid, "app %s: mount path %q must be absolute", a.Name, m.Path)
-			}
-		}
-	}
-	if len(s.Networks) > 1 {
-		for _, n := range s.Networks {
-			if n == "host" || n == "none" {
-				return kerrors.New(kerrors.Invalid, "network %q cannot be combined with others", n)
-			}
-		}
 	}
 	return nil
 }

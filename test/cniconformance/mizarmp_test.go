@@ -3,7 +3,10 @@ package cniconformance_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -176,6 +179,7 @@ func TestMizarmpControllerRestart(t *testing.T) {
 	if len(ports) != n {
 		t.Errorf("the controller holds %d ports for %d attachments:\n%s", len(ports), n, strings.Join(ports, "\n"))
 	}
+	checkAgentMetrics(t, cp, n)
 	// Traffic: container 0 reaches a TCP listener in each other one.
 	for ip, i := range ips {
 		if i == 0 {
@@ -184,5 +188,41 @@ func TestMizarmpControllerRestart(t *testing.T) {
 		if err := cniconformance.DialBetween(cs[i].NetNS, cs[0].NetNS, ip); err != nil {
 			t.Errorf("container 0 to %d (%s): %v", i, ip, err)
 		}
+	}
+}
+
+// checkAgentMetrics: the agent serves /healthz (synced) and /metrics with
+// at least plugs successful plugs, its sync histogram and queue depth.
+func checkAgentMetrics(t *testing.T, cp *mpenv.Env, plugs int) {
+	t.Helper()
+	get := func(path string) (int, string) {
+		resp, err := http.Get(cp.AgentMetrics + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthz"); code != 200 {
+		t.Errorf("agent /healthz: %d %s", code, body)
+	}
+	code, body := get("/metrics")
+	if code != 200 {
+		t.Fatalf("agent /metrics: %d", code)
+	}
+	for _, want := range []string{"kurma_agent_queue_depth ", `kurma_agent_sync_duration_seconds_count{kind="port",result="ok"}`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("agent /metrics lacks %s", want)
+		}
+	}
+	var got float64
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, `kurma_agent_port_plug_duration_seconds_count{result="ok"} `); ok {
+			got, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if got < float64(plugs) {
+		t.Errorf("agent /metrics counts %v successful plugs, want at least %d", got, plugs)
 	}
 }

@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
-	"kurma.dev/kurma/pkg/appc"
 )
 
 // MaxBodyBytes bounds every JSON request body.
@@ -58,79 +56,16 @@ func DecodeCreatePodRequest(r io.Reader) (*CreatePodRequest, error) {
 	return &req, nil
 }
 
-// ValidateSpec checks what the API can check of a pod spec without the
-// image store: names, images given, environment names, volumes and mounts.
-// The pod manager checks the rest (images exist, stager trust).
+// ValidateSpec checks a pod spec a client sent: Spec.Validate (the one
+// validator, which the pod manager runs too) and the daemon-only options no
+// client may set. The pod manager checks the rest (images exist, stager
+// trust, host volume sources exist).
 func ValidateSpec(s *podtypes.Spec) error {
-	inv := func(format string, args ...any) error {
-		return kerrors.New(kerrors.Invalid, format, args...)
-	}
-	if s.Name != "" && !ValidPodName(s.Name) {
-		return inv("invalid pod name %q: use letters, digits, '_', '.', '-' (at most 63)", s.Name)
-	}
-	if len(s.Apps) == 0 {
-		return inv("pod has no apps")
+	if err := s.Validate(); err != nil {
+		return err
 	}
 	if opt := s.Reserved(); opt != "" {
-		return inv("%s is reserved for the daemon's networking pod", opt)
-	}
-	vols := map[string]bool{}
-	for i, v := range s.Volumes {
-		if !appc.ValidACName(v.Name) {
-			return inv("volume %d: invalid name %q (lower-case letters, digits, '-')", i, v.Name)
-		}
-		if vols[v.Name] {
-			return inv("duplicate volume %q", v.Name)
-		}
-		vols[v.Name] = true
-		switch v.Kind {
-		case "empty":
-			if v.Source != "" {
-				return inv("volume %q: an empty volume has no source", v.Name)
-			}
-		case "host":
-			if !strings.HasPrefix(v.Source, "/") || strings.ContainsRune(v.Source, 0) {
-				return inv("volume %q: host source %q must be an absolute path", v.Name, v.Source)
-			}
-		default:
-			return inv("volume %q: unknown kind %q (empty or host)", v.Name, v.Kind)
-		}
-	}
-	apps := map[string]bool{}
-	for i, a := range s.Apps {
-		if a.Name != "" {
-			if !appc.ValidACName(a.Name) {
-				return inv("app %d: invalid name %q (lower-case letters, digits, '-')", i, a.Name)
-			}
-			if apps[a.Name] {
-				return inv("duplicate app %q", a.Name)
-			}
-			apps[a.Name] = true
-		}
-		if strings.TrimSpace(a.Image) == "" {
-			return inv("app %d: no image", i)
-		}
-		if len(a.Exec) > 0 && a.Exec[0] == "" {
-			return inv("app %d: empty executable", i)
-		}
-		for _, e := range a.Env {
-			if !appc.ValidEnvName(e.Name) {
-				return inv("app %d: invalid environment variable name %q", i, e.Name)
-			}
-		}
-		for _, m := range a.Mounts {
-			if !vols[m.Volume] {
-				return inv("app %d mounts unknown volume %q", i, m.Volume)
-			}
-			if !strings.HasPrefix(m.Path, "/") {
-				return inv("app %d: mount path %q is not absolute", i, m.Path)
-			}
-		}
-	}
-	for _, n := range s.Networks {
-		if strings.TrimSpace(n) == "" {
-			return inv("empty network name")
-		}
+		return kerrors.New(kerrors.Invalid, "%s is reserved for the daemon's networking pod", opt)
 	}
 	return nil
 }

@@ -44,8 +44,10 @@ type Env struct {
 	Subnet  string
 	CIDR    string
 	HostID  string
-	opts    Options
-	procs   []proc
+	// AgentMetrics is the agent's metrics base URL (/metrics, /healthz).
+	AgentMetrics string
+	opts         Options
+	procs        []proc
 	// ctl is the running controller; restarts counts RestartController.
 	ctl      *exec.Cmd
 	restarts int
@@ -211,10 +213,22 @@ func (e *Env) startAgent(ctx context.Context) error {
 	o := e.opts
 	cmd := exec.Command(o.AgentBin, "--controller", e.URL, "--host-id", o.HostID,
 		"--underlay-ip", "127.0.0.1", "--state-dir", filepath.Join(o.TmpDir, "agent"),
-		"--link-prefix", o.LinkPrefix, "--nft-table", o.NFTTable)
-	if _, err := e.startAndScan(cmd, filepath.Join(o.TmpDir, "agent.log"), func(string) (string, bool) { return "", true }); err != nil {
+		"--link-prefix", o.LinkPrefix, "--nft-table", o.NFTTable, "--metrics-listen", "127.0.0.1:0")
+	addr, err := e.startAndScan(cmd, filepath.Join(o.TmpDir, "agent.log"), func(line string) (string, bool) {
+		// slog's text format: ... msg="metrics listening" addr=127.0.0.1:PORT
+		if !strings.Contains(line, `msg="metrics listening"`) {
+			return "", false
+		}
+		_, a, _ := strings.Cut(line, " addr=")
+		if f := strings.Fields(a); len(f) > 0 {
+			return f[0], true
+		}
+		return "", false
+	})
+	if err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}
+	e.AgentMetrics = "http://" + addr
 	// Ready once it has registered this host.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
