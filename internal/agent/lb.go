@@ -6,6 +6,7 @@ import (
 	"iter"
 	"maps"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -236,15 +237,21 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 		err = a.cfg.LB.Apply(ctx, ch)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if err != nil {
 		// What was applied is unknown: the retry converges from the kernel.
 		c.full = true
+		a.mu.Unlock()
 		return fmt.Errorf("load balancers: %w", err)
 	}
 	c.progLB, c.progFIP = progLB, progFIP
+	a.mu.Unlock()
 	if full {
 		a.log.Info("load balancers synced", "lbs", len(st.LBs), "fips", len(st.FIPs))
+	}
+	if len(st.LBs) >= 1000 || len(ch.LBs) >= 1000 {
+		// A large sync builds its whole transaction in memory (several
+		// times the steady state at tens of thousands); give it back.
+		debug.FreeOSMemory()
 	}
 	return nil
 }
