@@ -48,7 +48,9 @@ func run(out io.Writer) int {
 		CNIVersion string `json:"cniVersion"`
 		Socket     string `json:"socket"`
 	}
-	_ = json.Unmarshal(stdin, &conf) // the agent reports a bad config
+	if err := json.Unmarshal(stdin, &conf); err != nil && os.Getenv("CNI_COMMAND") != "VERSION" {
+		return fail(out, "", 6, "decode network config", err.Error())
+	}
 	if os.Getenv("CNI_COMMAND") == "VERSION" {
 		b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "supportedVersions": versions})
 		_, _ = out.Write(append(b, '\n'))

@@ -186,7 +186,7 @@ func (d *Daemon) waitAnnotation(ctx context.Context, a PodArgs) (*corev1.Pod, po
 }
 
 func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netnsPath string, a PodArgs) (out []byte, retErr error) {
-	if conf.PrevResult != nil {
+	if conf.RawPrevResult != nil {
 		return nil, cniError(types.ErrInvalidNetworkConfig, "kurma-k8s must be the first plugin of its chain", "")
 	}
 	if _, err := os.Stat(netnsPath); err != nil {
@@ -375,6 +375,7 @@ func (d *Daemon) gc(ctx context.Context, conf *types.NetConf) error {
 		}
 	}
 	d.mu.Unlock()
+	d.log.Info("cnid: gc", "valid", len(valid), "stale", stale)
 	var errs []error
 	for _, k := range stale {
 		if err := d.del(ctx, k); err != nil {

@@ -182,7 +182,7 @@ func (w *Watcher) syncPod(ctx context.Context, nsName, name string) error {
 func (w *Watcher) ensurePort(ctx context.Context, pod *corev1.Pod, sn *controllerapi.Subnet, host string) (*controllerapi.Port, error) {
 	id := PortID(pod.UID)
 	want := controllerapi.Port{
-		ID: id, Name: pod.Namespace + "/" + pod.Name, NetworkID: sn.ID,
+		ID: id, Name: "k8s_" + pod.Namespace + "_" + pod.Name, NetworkID: sn.ID,
 		DeviceID: string(pod.UID), DeviceOwner: Owner, BindingHostID: host,
 		Description: fmt.Sprintf("pod %s/%s on node %s", pod.Namespace, pod.Name, pod.Spec.NodeName),
 	}
