@@ -98,7 +98,8 @@ images: binaries tools
 # run in parallel.
 HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manager \
 	kurma.dev/kurma/test/e2e kurma.dev/kurma/test/cniconformance \
-	kurma.dev/kurma/internal/testutil/kubecluster kurma.dev/kurma/internal/kube/services
+	kurma.dev/kurma/internal/testutil/kubecluster kurma.dev/kurma/internal/kube/services \
+	kurma.dev/kurma/internal/kube/watcher kurma.dev/kurma/internal/kube/cnid
 # The host is snapshotted before the tests and compared after them
 # (test/hostsnap): a run that leaves a link, netns, nft table, mount,
 # cgroup, state entry or changed forwarding sysctl behind fails.

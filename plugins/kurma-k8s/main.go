@@ -13,8 +13,9 @@
 // Network config: {"cniVersion":"1.1.0","name":"kurma","type":"kurma-k8s",
 // "socket":"/run/kurma/cni.sock"} ("socket" optional).
 //
-// This package must stay small: it imports only the standard library and
-// internal/kube/cniwire (never client-go, netlink or the CNI libraries).
+// This package must stay small. Must not depend on: `k8s.io/...`,
+// `github.com/vishvananda/...`, `github.com/containernetworking/...`,
+// `net/http`.
 package main
 
 import (

@@ -38,7 +38,7 @@
 // waiters; it is never held across a network, netlink or file call.
 // Requests are served by at most Config.MaxConcurrent goroutines.
 //
-// Imports: client-go, internal/agent (for its Attach API),
-// internal/kube/podnet and cniwire, the CNI libraries and netlink; never
-// the controller's server or store.
+// It uses client-go, internal/agent (for its Attach API), podnet, cniwire,
+// the CNI libraries and netlink. Must not import:
+// `kurma.dev/kurma/internal/controller/...`.
 package cnid

@@ -7,8 +7,8 @@
 // It also holds the plugin-specific CNI error codes, documented in
 // docs/kubernetes.md.
 //
-// Locking: none. This package imports only the standard library's
-// encoding/json, so that the shim stays small and quick to start.
+// Locking: none. It keeps the shim small and quick to start. Must not
+// import: `kurma.dev/kurma/...`, `k8s.io/...`, `net/http`.
 package cniwire
 
 // DefaultSocket is where the agent listens unless the network config's

@@ -6,7 +6,8 @@
 //
 // Locking: none; an Env is used by one test goroutine.
 //
-// It imports testutil, kubecluster, pkg/controllerapi and podnet only.
+// Must not import: `kurma.dev/kurma/internal/controller/...`,
+// `kurma.dev/kurma/internal/agent/...`.
 package kubetest
 
 import (

@@ -15,7 +15,8 @@
 //
 // Locking: none; the package has no state.
 //
-// This package is a leaf of the Kubernetes integration: it imports only
-// internal/kerrors and the standard library (never client-go), so that the
-// CNI daemon and the watcher share it at no cost.
+// This package is a leaf of the Kubernetes integration, shared by the CNI
+// daemon and the watcher at no cost. Must not import: `k8s.io/...`,
+// `kurma.dev/kurma/...` (except `kurma.dev/kurma/internal/kerrors`,
+// `kurma.dev/kurma/pkg/kerrors`).
 package podnet

@@ -39,6 +39,7 @@
 // across a Kubernetes call, and across controller calls only while
 // allocating.
 //
-// Imports: client-go, pkg/controllerapi, internal/kube/podnet and
-// internal/kerrors; never the controller's server or store, nor the agent.
+// It speaks to the controller only through pkg/controllerapi. Must not
+// import: `kurma.dev/kurma/internal/controller/...`,
+// `kurma.dev/kurma/internal/agent/...`.
 package watcher
