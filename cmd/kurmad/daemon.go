@@ -30,6 +30,7 @@ const version = "0.1.0"
 
 type flags struct {
 	config, socket, logLevel string
+	metricsListen            string
 	stopPods, showVersion    bool
 }
 
@@ -41,6 +42,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs.StringVar(&f.socket, "socket", "", "API socket path (overrides the configuration)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&f.stopPods, "stop-pods-on-exit", false, "stop every pod when shutting down")
+	fs.StringVar(&f.metricsListen, "metrics-listen", "", "TCP address serving Prometheus /metrics and /healthz (the API socket serves them too); empty: none")
 	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -105,6 +107,7 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("pod networks: %w", err)
 	}
+	metrics := newDaemonMetrics()
 	mgr, err := pod.New(ctx, pod.Options{
 		PodsDir:      cfg.PodsDir,
 		VolumesDir:   cfg.VolumesDir,
@@ -116,13 +119,20 @@ func serve(ctx context.Context, f *flags, log *slog.Logger) error {
 		KurmaVersion: version,
 		Logger:       log.With("component", "pod"),
 		Network:      nets.networker(),
+		ObserveStep:  metrics.observeStep,
 	})
 	if err != nil {
 		return fmt.Errorf("open pod manager: %w", err)
 	}
-	srv, err := api.NewServer(api.Options{Pods: mgr, Images: store, Version: version, Logger: log.With("component", "api"), Networks: nets})
+	metrics.watchPods(mgr)
+	srv, err := api.NewServer(api.Options{Pods: mgr, Images: store, Version: version, Logger: log.With("component", "api"),
+		Networks: nets, Metrics: metrics.reg})
 	if err != nil {
 		return err
+	}
+	if err := metrics.serveTCP(ctx, f.metricsListen, log); err != nil {
+		_ = mgr.Close(context.Background())
+		return fmt.Errorf("--metrics-listen: %w", err)
 	}
 	l, err := api.Listen(cfg.Socket, gid)
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	image "kurma.dev/kurma/internal/image/imagetypes"
 	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
@@ -33,6 +35,10 @@ type Options struct {
 	// Networks lists the daemon's pod networks for GET /v1/networks
 	// (server_networks.go); nil: the list is empty.
 	Networks NetworkLister
+	// Metrics, when set, gets the API's request metrics (metrics.go), and
+	// GET /metrics serves everything registered in it. GET /healthz
+	// answers "ok" either way.
+	Metrics *prometheus.Registry
 }
 
 // Server serves the kurmad API.
@@ -44,6 +50,7 @@ type Server struct {
 	statusPoll time.Duration
 	mux        *http.ServeMux
 	networks   NetworkLister
+	metrics    *apiMetrics // nil without Options.Metrics
 }
 
 // NewServer returns a server over the given manager and store.
@@ -77,6 +84,11 @@ func NewServer(o Options) (*Server, error) {
 	m.HandleFunc("GET /v1/networks", s.handleListNetworks)
 	m.HandleFunc("GET /v1/images/{ref}", s.handleGetImage)
 	m.HandleFunc("DELETE /v1/images/{ref}", s.handleRemoveImage)
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	if o.Metrics != nil {
+		s.metrics = newAPIMetrics(o.Metrics)
+		m.Handle("GET /metrics", metricsHandler(o.Metrics))
+	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, kerrors.New(kerrors.NotFound, "no endpoint %s %s", r.Method, r.URL.Path))
 	})
@@ -85,7 +97,13 @@ func NewServer(o Options) (*Server, error) {
 }
 
 // ServeHTTP makes Server an http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.metrics != nil {
+		s.instrument(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // Listen creates the unix socket at path with mode 0660, owned by root and
 // group gid (-1 keeps root's group). The socket is made under a temporary

@@ -63,6 +63,17 @@ var steps = []step{
 	{"ready", (*build).waitReady, nil},
 }
 
+// StepTotal is the name Options.ObserveStep gets for a whole pod start.
+const StepTotal = "total"
+
+// observe reports a start step (or StepTotal) that began at t0 to
+// Options.ObserveStep.
+func (r *Runtime) observe(step string, t0 time.Time, err error) {
+	if r.opts.ObserveStep != nil {
+		r.opts.ObserveStep(step, time.Since(t0), err)
+	}
+}
+
 // StepNames lists the start steps in order (for failpoint tests).
 func StepNames() []string {
 	out := make([]string, len(steps))
@@ -227,8 +238,10 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Pod, retErr error) 
 		if err == nil && r.opts.FailStep == s.name {
 			err = fmt.Errorf("failpoint after step %s", s.name)
 		}
+		r.observe(s.name, t0, err)
 		if err != nil {
 			r.log.Debug("pod start step failed", "pod", id, "step", s.name, "err", err)
+			r.observe(StepTotal, total, err)
 			return nil, fmt.Errorf("create pod %s: %w", spec.Name, err)
 		}
 		r.log.Debug("pod start step", "pod", id, "step", s.name, "took", time.Since(t0))
@@ -244,8 +257,10 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (_ *Pod, retErr error) 
 		// The stager runs but its record could not be stored: a restart
 		// would not find it, so undo everything.
 		done = len(steps)
+		r.observe(StepTotal, total, err)
 		return nil, fmt.Errorf("create pod %s: %w", spec.Name, err)
 	}
+	r.observe(StepTotal, total, nil)
 	b.proc.watch(r, e)
 	r.log.Debug("pod started", "pod", id, "took", time.Since(total))
 	r.mu.Lock()
