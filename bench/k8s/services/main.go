@@ -1,0 +1,743 @@
+// Command services is the Services part of bench/k8s: Kurma's path
+// (kurma-k8s-watcher → kurma-controller → kurma-agent's nftables
+// datapath) against kube-proxy in nftables mode, both driven by one real
+// kube-apiserver + etcd (internal/testutil/kubecluster, no node) in the
+// same run. For each N (ClusterIP Services of 2 endpoints each, their
+// EndpointSlices written through the API as a selector-less Service's
+// would be):
+//
+//	(a) ours: last object created → its VIP live in the kernel;
+//	(b) one Service added (slice first): API write returned → VIP live,
+//	    p50/p99 of -adds;
+//	(c) one endpoint replaced (slice update): write returned → the new
+//	    address live in the Service's backends;
+//	(d) cold sync: watcher and agent (tables deleted) started with N
+//	    present → VIPs live; kube-proxy started with N present → its first
+//	    "SyncProxyRules complete";
+//	(e) peak RSS (VmHWM) of watcher + agent against kube-proxy's.
+//
+// Ours is read back through netlink (one element lookup, no dump).
+// kube-proxy's "programmed" is its own log line "SyncProxyRules complete"
+// (--v=2), the first one after the write, as ../shared/k8s-notes.md
+// advises; the result is checked once afterwards with nft, outside the
+// timed interval. The two run one after the other against the same API
+// server and objects (so they do not share the 2 cores while timed).
+//
+// Run as root after `make build`: go run ./bench/k8s/services [-sizes 1000,10000].
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	mnl "github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kurma.dev/kurma/bench/internal/benchutil"
+	"kurma.dev/kurma/internal/testutil/kubecluster"
+	capi "kurma.dev/kurma/pkg/controllerapi"
+)
+
+const (
+	project  = "k8s"
+	vpc      = "k8s-pods"
+	ctlAddr  = "127.0.0.1:19698"
+	ns       = "bench"
+	node     = "bench-node"
+	nftTable = "kbsvc"
+	lbTable  = "kurma-lb"
+	prefix   = "kv"
+)
+
+func main() {
+	sizes := flag.String("sizes", "1000,10000", "numbers of Services present, comma-separated")
+	adds := flag.Int("adds", 20, "single adds and endpoint replacements timed per size")
+	flag.Parse()
+	var ns []int
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintln(os.Stderr, "bad -sizes:", *sizes)
+			os.Exit(2)
+		}
+		ns = append(ns, n)
+	}
+	if err := run(context.Background(), ns, *adds); err != nil {
+		fmt.Fprintln(os.Stderr, "services bench:", err)
+		os.Exit(1)
+	}
+}
+
+type row struct {
+	n                                 int
+	all                               time.Duration
+	add50, add99, mem50, mem99        time.Duration
+	cold                              time.Duration
+	rssKiB                            int64
+	kpAdd50, kpAdd99, kpMem50, kpMem9 time.Duration
+	kpCold                            time.Duration
+	kpRSSKiB                          int64
+}
+
+type bench struct {
+	c       *kubecluster.Cluster
+	ctl     *capi.Client
+	dir     string
+	nf      *mnl.Conn
+	iface   string
+	created int // Services made so far (s-0 … s-created-1)
+	seq     int
+	procs   map[string]*kubecluster.Process
+}
+
+func run(ctx context.Context, sizes []int, adds int) error {
+	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
+		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}}
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	defer b.stopAll()
+	var rows []row
+	for _, n := range sizes {
+		r, err := b.size(ctx, n, adds)
+		if err != nil {
+			return fmt.Errorf("N=%d: %w", n, err)
+		}
+		rows = append(rows, r)
+	}
+	fmt.Println()
+	fmt.Println("| N | (a) ours: last created → live | (b) add p50/p99 ours | kube-proxy | (c) endpoint p50/p99 ours | kube-proxy | (d) cold sync ours | kube-proxy | (e) RSS watcher+agent | kube-proxy | ratio |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Printf("| %d | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s | %s | %.0f MiB | %.0f MiB | %.2f× |\n", r.n,
+			ms(r.all), ms(r.add50), ms(r.add99), ms(r.kpAdd50), ms(r.kpAdd99), ms(r.mem50), ms(r.mem99),
+			ms(r.kpMem50), ms(r.kpMem9), ms(r.cold), ms(r.kpCold), float64(r.rssKiB)/1024, float64(r.kpRSSKiB)/1024,
+			float64(r.rssKiB)/float64(max(r.kpRSSKiB, 1)))
+	}
+	for _, r := range rows {
+		fmt.Printf("N=%d ratios ours/kube-proxy: add p99 %.3f, endpoint p99 %.3f, cold sync %.3f, RSS %.2f\n", r.n,
+			ratio(r.add99, r.kpAdd99), ratio(r.mem99, r.kpMem9), ratio(r.cold, r.kpCold), float64(r.rssKiB)/float64(max(r.kpRSSKiB, 1)))
+	}
+	return nil
+}
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(max(b, 1)) }
+
+func ms(d time.Duration) string {
+	if d >= 10*time.Second {
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.1f ms", benchutil.Ms(d))
+}
+
+// setup starts the controller, makes the project, VPC, a pod subnet and a
+// port bound to the agent's host (so the agent programs the VPC's load
+// balancers), the bench namespace and the Node kube-proxy waits for.
+func (b *bench) setup(ctx context.Context) error {
+	tok := filepath.Join(b.dir, "ctl-token")
+	if err := os.WriteFile(tok, []byte("bench-token"), 0o600); err != nil {
+		return err
+	}
+	if err := b.start("controller", filepath.Join(b.c.BinDir, "kurma-controller"), "--listen", ctlAddr,
+		"--store", "bolt:"+filepath.Join(b.dir, "ctl.db"), "--token-file", tok); err != nil {
+		return err
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: b.c.DialContext, MaxIdleConnsPerHost: 16}}
+	ctl, err := capi.New("http://"+ctlAddr, capi.WithToken("bench-token"), capi.WithHTTPClient(hc))
+	if err != nil {
+		return err
+	}
+	b.ctl = ctl
+	if err := wait(20*time.Second, "controller", func() error { _, err := ctl.ListProjects(ctx); return err }); err != nil {
+		return err
+	}
+	if _, err := ctl.CreateProject(ctx, capi.Project{ID: project}); err != nil {
+		return err
+	}
+	v, err := ctl.CreateVPC(ctx, project, capi.VPC{ID: vpc, CIDR: "10.32.0.0/11"})
+	if err != nil {
+		return err
+	}
+	b.iface = fmt.Sprintf("%sb%06x", prefix, v.VNI)
+	if _, err := ctl.CreateSubnet(ctx, project, capi.Subnet{ID: "benchpods", NetworkID: vpc, CIDR: "10.63.0.0/16"}); err != nil {
+		return err
+	}
+	for _, args := range [][]string{
+		{"link", "add", "kbsu0", "type", "veth", "peer", "name", "kbsu1"},
+		{"link", "set", "kbsu1", "up"},
+		{"addr", "add", "192.0.2.1/24", "dev", "kbsu0"},
+		{"link", "set", "kbsu0", "up"},
+	} {
+		if out, err := b.c.Command(ctx, "ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	if err := b.startAgent(); err != nil {
+		return err
+	}
+	podNS := filepath.Join("/run/netns", "kbsvcpod")
+	if out, err := exec.Command("ip", "netns", "add", "kbsvcpod").CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns add: %v: %s", err, out)
+	}
+	port, err := ctl.CreatePort(ctx, project, capi.Port{NetworkID: "benchpods", VethName: "eth0", NetworkNS: podNS, BindingHostID: "bench"})
+	if err != nil {
+		return err
+	}
+	if _, err := ctl.WaitPort(ctx, project, port.ID, capi.StatusUp, 30*time.Second); err != nil {
+		return fmt.Errorf("agent did not plug its port: %w\n%s", err, b.c.Logs("agent", 3000))
+	}
+	if err := b.c.Do(func() error {
+		var err error
+		b.nf, err = mnl.Dial(unix.NETLINK_NETFILTER, nil)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := b.startWatcher(); err != nil {
+		return err
+	}
+	k := b.c.Client
+	if _, err := k.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	nd, err := k.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	nd.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}}
+	_, err = k.CoreV1().Nodes().UpdateStatus(ctx, nd, metav1.UpdateOptions{})
+	return err
+}
+
+func (b *bench) start(name, bin string, args ...string) error {
+	p, err := b.c.StartProcess(name+"-"+strconv.Itoa(len(b.c.Processes())), exec.Command(bin, args...))
+	if err != nil {
+		return err
+	}
+	b.procs[name] = p
+	return nil
+}
+
+func (b *bench) kill(name string) {
+	if p := b.procs[name]; p != nil {
+		p.Kill()
+		delete(b.procs, name)
+	}
+}
+
+func (b *bench) stopAll() {
+	for n := range b.procs {
+		b.kill(n)
+	}
+	if b.nf != nil {
+		_ = b.nf.Close()
+	}
+	_ = exec.Command("ip", "netns", "del", "kbsvcpod").Run()
+}
+
+func (b *bench) startAgent() error {
+	st := filepath.Join(b.dir, "agent")
+	return b.start("agent", filepath.Join(b.c.BinDir, "kurma-agent"), "--controller", "http://"+ctlAddr,
+		"--token-file", filepath.Join(b.dir, "ctl-token"), "--host-id", "bench", "--underlay-ip", "192.0.2.1",
+		"--underlay-dev", "kbsu0", "--state-dir", st, "--link-prefix", prefix, "--nft-table", nftTable, "--resync", "600s")
+}
+
+func (b *bench) startWatcher() error {
+	return b.start("watcher", filepath.Join(b.c.BinDir, "kurma-k8s-watcher"), "--kubeconfig", b.c.Kubeconfig,
+		"--controller", "http://"+ctlAddr, "--token-file", filepath.Join(b.dir, "ctl-token"),
+		"--service-cidr", kubecluster.ServiceCIDR, "--resync", "600s")
+}
+
+// svcAndSlice creates Service i's slice (2 endpoints) and then the Service.
+func (b *bench) svcAndSlice(ctx context.Context, i int) (*corev1.Service, error) {
+	name := "s-" + strconv.Itoa(i)
+	if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	return b.c.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+}
+
+func member(i, k, gen int) string {
+	return netip.AddrFrom4([4]byte{10, byte(40 + gen*2 + k), byte(i >> 8), byte(i)}).String()
+}
+
+func slice(name string, i, gen int) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP), Name: new("")}},
+	}
+	for k := range 2 {
+		g := 0
+		if k == 1 {
+			g = gen
+		}
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{member(i, k, g)},
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+	}
+	return s
+}
+
+// fill creates Services up to n with 32 workers and returns the last.
+func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
+	var mu sync.Mutex
+	var last *corev1.Service
+	var firstErr error
+	next := b.created
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= n {
+					return
+				}
+				s, err := b.svcAndSlice(ctx, i)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if s != nil && (last == nil || i == n-1) {
+					last = s
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	b.created = n
+	return last, firstErr
+}
+
+func (b *bench) svcKey(vip string) []byte {
+	var f [16]byte
+	copy(f[:], b.iface)
+	a := netip.MustParseAddr(vip).As4()
+	k := append(f[:], a[:]...)
+	k = append(k, unix.IPPROTO_TCP, 0, 0, 0)
+	return append(k, 0, 80, 0, 0)
+}
+
+// vipLive reports whether the VIP's services element exists in either
+// generation of the agent's sets.
+func (b *bench) vipLive(vip string) (bool, error) {
+	for _, set := range []string{"services-a", "services-b"} {
+		_, ok, err := getElem(b.nf, lbTable, set, b.svcKey(vip))
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
+}
+
+// memberLive reports whether addr is one of the VIP's first two backends.
+func (b *bench) memberLive(vip, addr string) (bool, error) {
+	a := netip.MustParseAddr(addr).As4()
+	for _, set := range []string{"backends-a", "backends-b"} {
+		for idx := range uint32(2) {
+			k := append(b.svcKey(vip), binary.NativeEndian.AppendUint32(nil, idx)...)
+			d, ok, err := getElem(b.nf, lbTable, set, k)
+			if err != nil {
+				return false, err
+			}
+			if ok && strings.Contains(string(d), string(a[:])) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+func spin(limit time.Duration, what string, f func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := f()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %s", what, limit)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+func wait(limit time.Duration, what string, f func() error) error {
+	return spin(limit, what, func() (bool, error) { return f() == nil, nil })
+}
+
+func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
+	r := row{n: n}
+	fmt.Printf("N=%d: creating %d Services and slices...\n", n, n-b.created)
+	last, err := b.fill(ctx, n)
+	if err != nil {
+		return r, err
+	}
+	t0 := time.Now()
+	if err := spin(10*time.Minute, "last VIP live", func() (bool, error) { return b.vipLive(last.Spec.ClusterIP) }); err != nil {
+		return r, err
+	}
+	r.all = time.Since(t0)
+	fmt.Printf("  (a) ours: last created → live %s\n", ms(r.all))
+
+	// (b), (c) ours.
+	var addS, memS benchutil.Samples
+	var extra []string
+	for range adds {
+		i := 1_000_000 + b.seq
+		b.seq++
+		s, err := b.svcAndSlice(ctx, i)
+		if err != nil {
+			return r, err
+		}
+		t1 := time.Now()
+		if err := spin(30*time.Second, "added VIP live", func() (bool, error) { return b.vipLive(s.Spec.ClusterIP) }); err != nil {
+			return r, err
+		}
+		addS = append(addS, time.Since(t1))
+		extra = append(extra, s.Name)
+		if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+			return r, err
+		}
+		t1 = time.Now()
+		if err := spin(30*time.Second, "replaced endpoint live", func() (bool, error) {
+			return b.memberLive(s.Spec.ClusterIP, member(i, 1, 1))
+		}); err != nil {
+			return r, err
+		}
+		memS = append(memS, time.Since(t1))
+	}
+	r.add50, r.add99, r.mem50, r.mem99 = addS.Pct(0.5), addS.Pct(0.99), memS.Pct(0.5), memS.Pct(0.99)
+	fmt.Printf("  (b) ours add p50 %s p99 %s; (c) endpoint p50 %s p99 %s\n", ms(r.add50), ms(r.add99), ms(r.mem50), ms(r.mem99))
+	// Keep N exact for the peer: remove the extra Services.
+	for _, name := range extra {
+		_ = b.c.Client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = b.c.Client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-x", metav1.DeleteOptions{})
+	}
+	wrss, _ := hwm(b.procs["watcher"])
+	arss, _ := hwm(b.procs["agent"])
+	r.rssKiB = wrss + arss
+	fmt.Printf("  (e) ours peak RSS watcher %.0f MiB + agent %.0f MiB\n", float64(wrss)/1024, float64(arss)/1024)
+
+	// (d) ours: kill -9 both, delete the agent's tables, start both.
+	b.kill("watcher")
+	b.kill("agent")
+	for _, t := range []string{lbTable, nftTable} {
+		_ = b.c.Command(ctx, "nft", "delete", "table", "inet", t).Run()
+	}
+	first, err := b.c.Client.CoreV1().Services(ns).Get(ctx, "s-0", metav1.GetOptions{})
+	if err != nil {
+		return r, err
+	}
+	t0 = time.Now()
+	if err := b.startAgent(); err != nil {
+		return r, err
+	}
+	if err := b.startWatcher(); err != nil {
+		return r, err
+	}
+	if err := spin(10*time.Minute, "cold sync", func() (bool, error) {
+		ok, err := b.vipLive(first.Spec.ClusterIP)
+		if !ok || err != nil {
+			return ok, err
+		}
+		return b.vipLive(last.Spec.ClusterIP)
+	}); err != nil {
+		return r, err
+	}
+	r.cold = time.Since(t0)
+	fmt.Printf("  (d) ours cold sync (watcher + agent started, tables gone) → VIPs live %s\n", ms(r.cold))
+
+	// The peer, alone: watcher and agent stopped while it is timed.
+	b.kill("watcher")
+	b.kill("agent")
+	if err := b.kubeProxy(ctx, &r, adds); err != nil {
+		return r, err
+	}
+	if err := b.startAgent(); err != nil {
+		return r, err
+	}
+	if err := b.startWatcher(); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// bump replaces the second endpoint of Service i's slice.
+func (b *bench) bump(ctx context.Context, name string, i int) *discoveryv1.EndpointSlice {
+	s := slice(name, i, 1)
+	if cur, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Get(ctx, name+"-x", metav1.GetOptions{}); err == nil {
+		s.ResourceVersion = cur.ResourceVersion
+	}
+	return s
+}
+
+// kubeProxy times kube-proxy (nftables mode, in the cluster's namespace)
+// from a cold start with the N Services present, then single adds and
+// endpoint replacements, and reads its peak RSS.
+func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
+	_ = b.c.Command(ctx, "nft", "delete", "table", "ip", "kube-proxy").Run()
+	_ = b.c.Command(ctx, "nft", "delete", "table", "ip6", "kube-proxy").Run()
+	logPath := filepath.Join(b.dir, "kube-proxy-"+strconv.Itoa(r.n)+".log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	tail := newSyncTail(logPath)
+	defer tail.stop()
+	cmd := exec.Command(filepath.Join(b.c.BinDir, "k8s", "kube-proxy"), "--proxy-mode=nftables",
+		"--kubeconfig="+b.c.Kubeconfig, "--hostname-override="+node, "--conntrack-max-per-core=0", "--conntrack-min=0",
+		"--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+		"--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256", "--v=2")
+	cmd.Stdout, cmd.Stderr = lf, lf
+	t0 := time.Now()
+	p, err := b.c.StartProcess("kube-proxy-"+strconv.Itoa(r.n), cmd)
+	if err != nil {
+		return err
+	}
+	defer p.Stop(10 * time.Second)
+	if _, err := tail.next(t0, 10*time.Minute); err != nil {
+		return fmt.Errorf("kube-proxy cold sync: %w", err)
+	}
+	r.kpCold = time.Since(t0)
+	fmt.Printf("  (d) kube-proxy cold start → first SyncProxyRules complete %s\n", ms(r.kpCold))
+	var addS, memS benchutil.Samples
+	var vips, names []string
+	for range adds {
+		i := 1_000_000 + b.seq
+		b.seq++
+		// The slice first (its own sync), then, once kube-proxy is quiet,
+		// the Service: the next sync is the one that includes it.
+		name := "s-" + strconv.Itoa(i)
+		if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		tail.quiet()
+		s, err := b.c.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		at, err := tail.next(t1, 30*time.Second)
+		if err != nil {
+			return err
+		}
+		addS = append(addS, at.Sub(t1))
+		vips, names = append(vips, s.Spec.ClusterIP), append(names, s.Name)
+		tail.quiet()
+		if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		t1 = time.Now()
+		if at, err = tail.next(t1, 30*time.Second); err != nil {
+			return err
+		}
+		memS = append(memS, at.Sub(t1))
+	}
+	r.kpAdd50, r.kpAdd99, r.kpMem50, r.kpMem9 = addS.Pct(0.5), addS.Pct(0.99), memS.Pct(0.5), memS.Pct(0.99)
+	r.kpRSSKiB, _ = hwm(p)
+	fmt.Printf("  (b) kube-proxy add p50 %s p99 %s; (c) endpoint p50 %s p99 %s; (e) peak RSS %.0f MiB\n",
+		ms(r.kpAdd50), ms(r.kpAdd99), ms(r.kpMem50), ms(r.kpMem9), float64(r.kpRSSKiB)/1024)
+	// Checked once, outside the timed part: every added VIP is in its map.
+	out, err := b.c.Command(ctx, "nft", "list", "map", "ip", "kube-proxy", "service-ips").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("nft list: %v: %s", err, out)
+	}
+	for _, v := range vips {
+		if !strings.Contains(string(out), v+" . tcp . 80") {
+			return fmt.Errorf("kube-proxy's service-ips lacks %s", v)
+		}
+	}
+	for _, name := range names {
+		_ = b.c.Client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = b.c.Client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-x", metav1.DeleteOptions{})
+	}
+	p.Stop(10 * time.Second)
+	_ = b.c.Command(ctx, "nft", "delete", "table", "ip", "kube-proxy").Run()
+	_ = b.c.Command(ctx, "nft", "delete", "table", "ip6", "kube-proxy").Run()
+	return nil
+}
+
+// syncTail follows kube-proxy's log and records when each
+// "SyncProxyRules complete" line appears.
+type syncTail struct {
+	mu    sync.Mutex
+	times []time.Time
+	done  chan struct{}
+}
+
+func newSyncTail(path string) *syncTail {
+	t := &syncTail{done: make(chan struct{})}
+	go func() {
+		var f *os.File
+		for f == nil {
+			f, _ = os.Open(path)
+			select {
+			case <-t.done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		defer f.Close()
+		rd := bufio.NewReader(f)
+		var part string
+		for {
+			line, err := rd.ReadString('\n')
+			part += line
+			if err == nil {
+				if strings.Contains(part, "SyncProxyRules complete") {
+					t.mu.Lock()
+					t.times = append(t.times, time.Now())
+					t.mu.Unlock()
+				}
+				part = ""
+				continue
+			}
+			select {
+			case <-t.done:
+				return
+			case <-time.After(500 * time.Microsecond):
+			}
+		}
+	}()
+	return t
+}
+
+func (t *syncTail) stop() { close(t.done) }
+
+// quiet waits until no sync has completed for 1.2 s (more than
+// kube-proxy's 1 s minimum sync period), so that a sync triggered earlier
+// is not mistaken for the one of the next write.
+func (t *syncTail) quiet() {
+	for {
+		t.mu.Lock()
+		var last time.Time
+		if len(t.times) > 0 {
+			last = t.times[len(t.times)-1]
+		}
+		t.mu.Unlock()
+		d := time.Since(last)
+		if d >= 1200*time.Millisecond {
+			return
+		}
+		time.Sleep(1200*time.Millisecond - d)
+	}
+}
+
+// next returns the time of the first sync completion seen after since.
+func (t *syncTail) next(since time.Time, limit time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		t.mu.Lock()
+		i := slices.IndexFunc(t.times, func(x time.Time) bool { return x.After(since) })
+		var at time.Time
+		if i >= 0 {
+			at = t.times[i]
+		}
+		t.mu.Unlock()
+		if i >= 0 {
+			return at, nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, errors.New("no SyncProxyRules complete in time")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// hwm returns a process's peak RSS (VmHWM) in KiB.
+func hwm(p *kubecluster.Process) (int64, error) {
+	if p == nil {
+		return 0, errors.New("no process")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			return strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM")
+}
+
+// getElem asks the kernel for one element (NFT_MSG_GETSETELEM, no dump)
+// and returns its data, or ok false when it does not exist.
+func getElem(c *mnl.Conn, table, set string, key []byte) ([]byte, bool, error) {
+	ae := mnl.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
+	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *mnl.AttributeEncoder) error {
+		ae.Nested(1, func(ae *mnl.AttributeEncoder) error {
+			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *mnl.AttributeEncoder) error {
+				ae.Bytes(unix.NFTA_DATA_VALUE, key)
+				return nil
+			})
+			return nil
+		})
+		return nil
+	})
+	attrs, err := ae.Encode()
+	if err != nil {
+		return nil, false, err
+	}
+	req, err := c.Send(mnl.Message{
+		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: mnl.Request},
+		Data:   append([]byte{unix.NFPROTO_INET, 0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	resp, err := c.Receive()
+	if err != nil {
+		var oe *mnl.OpError
+		if errors.As(err, &oe) && (errors.Is(oe.Err, unix.ENOENT)) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	resp = slices.DeleteFunc(resp, func(m mnl.Message) bool { return m.Header.Sequence != req.Header.Sequence })
+	for _, m := range resp {
+		if m.Header.Type != mnl.Error && len(m.Data) > 4 {
+			return m.Data[4:], true, nil
+		}
+	}
+	return nil, false, nil
+}
