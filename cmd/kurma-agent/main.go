@@ -59,7 +59,7 @@ func run() error {
 		vpcLinger     = flag.Duration("vpc-linger", 3*time.Second, "keep a VPC's devices this long after its last local port goes (0: remove at once)")
 		forwarding    = flag.Bool("ip-forward", true, "enable IP forwarding (routing between a VPC's subnets)")
 		lbEnable      = flag.Bool("lb", true, "program load balancers and floating IPs")
-		lbTable       = flag.String("lb-nft-table", "kurma-lb", "name of the nftables inet table of load balancers and floating IPs")
+		lbTable       = flag.String("lb-nft-table", "", "nftables inet table of load balancers and floating IPs (default: the --nft-table one, so that one table holds all the agent's rules)")
 		extIface      = flag.String("external-interface", "", "interface toward the external network, where floating IPs are answered (empty: no floating IPs)")
 		verbose       = flag.Bool("v", false, "debug logging")
 		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
@@ -123,6 +123,9 @@ func run() error {
 	defer dp.Close()
 	var lb agent.LBPath
 	if *lbEnable {
+		if *lbTable == "" {
+			*lbTable = *nftTable
+		}
 		p, err := lbpath.New(ctx, lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: natAcceptMark, Logger: log})
 		if err != nil {
 			return err

@@ -67,6 +67,7 @@ type clusterOpts struct {
 type host struct {
 	id, ns, ip, stateDir, log string
 	ext                       string // external interface, if any
+	nftTable                  string // the agent's inet table
 	replica                   int    // the controller replica its agent uses
 	proc                      *proc
 }
@@ -211,6 +212,7 @@ func newClusterOpts(t *testing.T, nHosts int, o clusterOpts) *cluster {
 	for i := 1; i <= nHosts; i++ {
 		h := &host{id: fmt.Sprintf("h%d", i), ip: fmt.Sprintf("192.0.2.%d", i), stateDir: filepath.Join(c.dir, fmt.Sprintf("h%d", i)), replica: (i - 1) % o.replicas}
 		h.log = filepath.Join(c.dir, h.id+".log")
+		h.nftTable = c.nftTable
 		h.ns = nettest.NewNS(t, testutil.UniqueName(pfx))
 		peer := fmt.Sprintf("kagtu%d", i)
 		nettest.IP(t, h.ns, "link", "add", "kagtu0", "type", "veth", "peer", "name", peer, "netns", nettest.Name(c.ul))

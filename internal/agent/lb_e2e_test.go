@@ -114,10 +114,11 @@ func spread(nsPath, network, addr string, n int) (map[string]int, error) {
 	return seen, nil
 }
 
-// lbTable is `nft list table inet kurma-lb` in a host namespace.
+// lbTable is `nft list table inet <the agents' table>` in a host
+// namespace: the load balancers share the agent's inet table.
 func lbTable(t *testing.T, h *host) string {
 	t.Helper()
-	return testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "list", "table", "inet", "kurma-lb")
+	return testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "list", "table", "inet", h.nftTable)
 }
 
 // lbElements counts the elements of the services and backends maps and

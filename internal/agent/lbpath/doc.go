@@ -1,10 +1,12 @@
 // Package lbpath is the agent's load-balancer and floating-IP datapath:
-// one nftables table (inet family, default "kurma-lb") whose cost lies in
+// one nftables table (inet family; the agent shares its isolation table)
+// whose cost lies in
 // map elements, not in chains, so that a change touches only the elements
 // it changes and a cold start loads tens of thousands of load balancers
 // in seconds.
 //
-// Layout (`nft list table inet kurma-lb` shows all of it):
+// Layout (`nft list table inet <table>` shows all of it; names do not
+// clash with the datapath package's chain "forward"):
 //   - services, a map keyed by iifname . VIP . protocol . port: one
 //     element per listener and frontend, giving a class (member count and
 //     affinity timeout). The base chain select-member (priority
@@ -31,9 +33,11 @@
 //     interface . FIP) in services and backends. The host answers ARP for
 //     its FIPs through a local route per FIP on the external interface,
 //     tagged with a route protocol number of ours.
-//   - forward: when AcceptMark is set, DNATed and SNATed flows and a FIP
-//     port's egress get that bit in their packet mark, which the VPC
-//     isolation rules of the datapath package let through.
+//   - filter-fwd: when AcceptMark is set, the flows of our FIPs (DNATed
+//     to a port or VIP, a port's egress SNATed) get that bit in their
+//     packet mark, which the VPC isolation rules of the datapath package
+//     let through. Load balancer flows stay on their VPC's bridge and need
+//     no exemption.
 //
 // The key of services includes the ingress interface (the VPC's bridge),
 // so a VIP answers only inside its VPC and VPCs may reuse addresses.

@@ -43,7 +43,10 @@ type Config struct {
 	// HostNS is the path of the network namespace that plays the host;
 	// empty means the namespace the process runs in.
 	HostNS string
-	// Table names our inet table; default "kurma-lb".
+	// Table names our inet table; default "kurma-lb". It may be shared
+	// with other owners whose object names differ from ours (the agent
+	// shares its VPC isolation table); we never set its comment or delete
+	// it.
 	Table string
 	// ExtIface is the interface toward the external network; empty
 	// disables floating IPs.
@@ -259,7 +262,7 @@ func (p *Path) runNft(ctx context.Context, tx *knftables.Transaction) error {
 // transaction that points the rules at gen.
 func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 	tx := p.nft.NewTransaction()
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo("kurma-agent: load balancers and floating IPs")})
+	tx.Add(&knftables.Table{})
 	addSets(tx, gen)
 	// Declared with types, not typeof: nft 1.0.6 fails to read back the
 	// typeof of some of these from the kernel when the table exists.
@@ -287,15 +290,18 @@ func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 	dnat := []string{"dnat ip to " + svcTuple + " . meta mark map @" + setName(setBackend, gen)}
 	snat := []string{"ct status dnat ip saddr . ip daddr @" + setName(setHairpin, gen) + " masquerade"}
 	var fwd, input []string
-	if p.cfg.AcceptMark != 0 {
-		m := fmt.Sprintf("meta mark set meta mark | 0x%x", p.cfg.AcceptMark)
-		fwd = append(fwd, "ct status dnat "+m, "ct status snat "+m)
-	}
 	if p.cfg.ExtIface != "" {
 		dnat = append(dnat, "iifname "+ext+" dnat ip to ip daddr map @"+setName(setFIPDNAT, gen))
 		snat = append(snat, "oifname "+ext+" snat ip to ip saddr map @"+setName(setFIPSNAT, gen))
 		if p.cfg.AcceptMark != 0 {
-			fwd = append(fwd, fmt.Sprintf("oifname %s ip saddr @%s meta mark set meta mark | 0x%x", ext, setName(setFIPPorts, gen), p.cfg.AcceptMark))
+			// Only flows of our FIPs cross between the external interface
+			// and a VPC (load balancer flows stay on their VPC's bridge):
+			// DNATed to a port or VIP, SNATed from a port, and the first
+			// packet of the latter (its reply tuple is not NATed yet).
+			addrs, ports := setName(setFIPAddrs, gen), setName(setFIPPorts, gen)
+			m := fmt.Sprintf("meta mark set meta mark | 0x%x", p.cfg.AcceptMark)
+			fwd = append(fwd, "ct original ip daddr @"+addrs+" "+m, "ct reply ip daddr @"+addrs+" "+m,
+				"oifname "+ext+" ip saddr @"+ports+" "+m)
 		}
 		input = append(input, "ip daddr @"+setName(setFIPAddrs, gen)+" reject")
 	}
