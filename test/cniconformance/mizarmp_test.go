@@ -129,6 +129,10 @@ func TestMizarmpControllerRestart(t *testing.T) {
 				t.Errorf("DEL %s: %v", c.ID, err)
 			}
 		}
+		// No port leaked: the DELs removed every one.
+		if ports, err := cp.Ports(context.Background()); err != nil || len(ports) != 0 {
+			t.Errorf("ports left after the DELs (%v):\n%s", err, strings.Join(ports, "\n"))
+		}
 	})
 	results := make([]types.Result, n)
 	errs := make([]error, n)
