@@ -262,7 +262,7 @@ func (b *bench) startAgent() error {
 	st := filepath.Join(b.dir, "agent")
 	return b.start("agent", filepath.Join(b.c.BinDir, "kurma-agent"), "--controller", "http://"+ctlAddr,
 		"--token-file", filepath.Join(b.dir, "ctl-token"), "--host-id", "bench", "--underlay-ip", "192.0.2.1",
-		"--underlay-dev", "kbsu0", "--state-dir", st, "--link-prefix", prefix, "--nft-table", nftTable, "--resync", "600s")
+		"--underlay-dev", "kbsu0", "--state-dir", st, "--link-prefix", prefix, "--nft-table", nftTable, "--lb-nft-table", lbTable, "--resync", "600s")
 }
 
 func (b *bench) startWatcher() error {
