@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -289,6 +290,11 @@ func (c *Cluster) teardown() error {
 			errs = append(errs, err)
 		}
 		if err := removeContainerLogLinks(c.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.CgroupRoot != "" { // a kubelet ran (under the host lock: ours)
+		if err := os.Remove(devicePluginSocket); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}

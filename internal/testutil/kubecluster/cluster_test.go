@@ -25,7 +25,7 @@ import (
 // pod answers over TCP and UDP from the node's namespace, deleting it frees
 // every address and veth, and closing the cluster leaves nothing on the host.
 func TestDeploymentOverBridge(t *testing.T) {
-	hostHad := existing("/run/containerd", "/var/log/containers", "/var/lib/cni")
+	hostHad := existing("/run/containerd", "/var/log/containers", "/var/lib/cni", "/var/lib/kubelet")
 	sysctlsBefore := readSysctls(t)
 	leases := t.TempDir()
 	const subnet = "10.244.7.0/24"
@@ -254,6 +254,11 @@ func assertGone(t *testing.T, dir, nsPath, cgroupRoot, sock string, hostHad map[
 	for d, had := range hostHad {
 		if _, err := os.Stat(d); err == nil && !had {
 			t.Errorf("%s left behind", d)
+		}
+	}
+	if cgroupRoot != "" {
+		if _, err := os.Stat("/var/lib/kubelet/device-plugins/kubelet.sock"); err == nil {
+			t.Errorf("the kubelet's device-plugin socket left behind")
 		}
 	}
 	if sock != "" {

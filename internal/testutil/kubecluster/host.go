@@ -270,8 +270,12 @@ func removeContainerLogLinks(dir string) error {
 // create when missing (shim sockets, the kubelet's log links, libcni's
 // cache). Close removes those that did not exist before, once empty.
 var hostDirs = []string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/containerd/runc",
-	"/run/containerd", containerLogDir,
-	"/var/lib/cni/results", "/var/lib/cni"}
+	"/run/containerd", containerLogDir, "/var/lib/cni/results", "/var/lib/cni",
+	filepath.Dir(devicePluginSocket), "/var/lib/kubelet"}
+
+// devicePluginSocket is the kubelet's device-plugin registration socket,
+// whose folder the kubelet hard-codes whatever its --root-dir.
+const devicePluginSocket = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
 // missingHostDirs returns the hostDirs that do not exist now.
 func missingHostDirs() []string {

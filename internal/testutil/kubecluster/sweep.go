@@ -26,12 +26,14 @@ type record struct {
 	CgroupRoot       string            `json:"cgroupRoot,omitempty"`
 	ContainerdSocket string            `json:"containerdSocket,omitempty"`
 	Sysctls          map[string]string `json:"sysctls,omitempty"`
+	// NewDirs are the hostDirs that did not exist when the node started.
+	NewDirs []string `json:"newDirs,omitempty"`
 }
 
 // saveRecord writes the cluster's record.
 func (c *Cluster) saveRecord() error {
 	b, err := json.Marshal(record{NetNS: c.NetNS, CgroupRoot: c.CgroupRoot,
-		ContainerdSocket: c.ContainerdSocket, Sysctls: c.sysctls})
+		ContainerdSocket: c.ContainerdSocket, Sysctls: c.sysctls, NewDirs: c.newDirs})
 	if err != nil {
 		return err
 	}
@@ -66,15 +68,16 @@ func sweep() error {
 		}
 		if strings.HasPrefix(r.CgroupRoot, "/"+dirPrefix) {
 			errs = append(errs, removeCgroups(r.CgroupRoot))
+			if err := os.Remove(devicePluginSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 		errs = append(errs, unmountUnder(d), removeContainerLogLinks(d), restoreSysctls(r.Sysctls))
 		if r.NetNS != "" {
 			errs = append(errs, testutil.RemoveNetNS(r.NetNS))
 		}
 		errs = append(errs, os.RemoveAll(d))
-		// A shim's socket folder is left when its containerd died; empty
-		// folders hold nobody's state.
-		removeEmptyDirs([]string{"/run/containerd/s", "/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd"})
+		removeEmptyDirs(r.NewDirs)
 	}
 	return errors.Join(errs...)
 }
