@@ -120,7 +120,7 @@ func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc
 	for _, s := range own {
 		m := map[string]int{}
 		for _, p := range s.Ports {
-			if p.Port != nil {
+			if p.Port != nil && *p.Port >= 1 && *p.Port <= 65535 {
 				m[protocol(ptrProto(p.Protocol))+"/"+strp(p.Name)] = int(*p.Port)
 			}
 		}
@@ -133,8 +133,12 @@ func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc
 			continue // the API server refuses this; be safe anyway
 		}
 		seen[proto+"/"+itoa(int(sp.Port))] = true
+		if sp.Port < 1 || sp.Port > 65535 {
+			w.Warnings = append(w.Warnings, "port "+itoa(int(sp.Port))+" out of range; skipped")
+			continue
+		}
 		l := capi.Listener{Protocol: proto, Port: int(sp.Port), TargetPort: int(sp.Port)}
-		if sp.TargetPort.IntValue() > 0 {
+		if sp.TargetPort.IntValue() > 0 && sp.TargetPort.IntValue() <= 65535 {
 			l.TargetPort = sp.TargetPort.IntValue()
 		}
 		found := map[int]bool{}

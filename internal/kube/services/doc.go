@@ -38,7 +38,8 @@
 // Locking: Reconciler.mu guards the caches (lbs, fips, byKey, warned); it
 // is never held across a controller or Kubernetes call.
 //
-// Imports: client-go, pkg/controllerapi and internal/kerrors; never the
-// controller's server or store, nor the agent, nor internal/kube/watcher
-// (the two run side by side in cmd/kurma-k8s-watcher).
+// It speaks to the controller only through pkg/controllerapi and runs
+// beside internal/kube/watcher in cmd/kurma-k8s-watcher without importing
+// it. Must not import: `kurma.dev/kurma/internal/controller/...`,
+// `kurma.dev/kurma/internal/agent/...`, `kurma.dev/kurma/internal/kube/watcher`.
 package services
