@@ -242,6 +242,11 @@ func (a *Agent) sync(ctx context.Context, key string) error {
 			return nil // the port listing queues it again
 		}
 		return a.syncLBs(ctx)
+	case "L":
+		if !a.isSynced() {
+			return nil
+		}
+		return a.checkLBs(ctx)
 	case "v":
 		vni, err := strconv.ParseUint(id, 10, 32)
 		if err != nil {
@@ -281,7 +286,7 @@ func (a *Agent) resync(ctx context.Context) {
 	a.mu.Lock()
 	keys := []string{guardsKey}
 	if a.lbEnabled() {
-		keys = append(keys, lbKey)
+		keys = append(keys, lbKey, lbCheckKey)
 	}
 	vnis := map[uint32]bool{}
 	for id, p := range a.ports {

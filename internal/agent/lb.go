@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -40,6 +41,37 @@ type bridgeNamer interface {
 // lbKey is the one queue key of the load-balancer datapath: every sync
 // drains all pending changes into one transaction.
 const lbKey = "l/"
+
+// lbCheckKey queues the periodic check that the kernel still holds the
+// load-balancer table (resync); drift makes the next sync a full one.
+const lbCheckKey = "L/"
+
+// lbChecker is implemented by datapaths that can tell cheaply whether
+// their kernel objects are still there; *lbpath.Path implements it.
+type lbChecker interface {
+	Check(ctx context.Context) error
+}
+
+var _ lbChecker = (*lbpath.Path)(nil)
+
+// checkLBs asks for a full sync when the kernel lost what we wrote (the
+// table deleted or flushed by someone else).
+func (a *Agent) checkLBs(ctx context.Context) error {
+	ch, ok := a.cfg.LB.(lbChecker)
+	if !ok {
+		return nil
+	}
+	err := ch.Check(ctx)
+	if errors.Is(err, lbpath.ErrDrift) {
+		a.log.Warn("load-balancer table drifted; full sync", "err", err)
+		a.mu.Lock()
+		a.lb.full = true
+		a.mu.Unlock()
+		a.q.Add(lbKey)
+		return nil
+	}
+	return err
+}
 
 // lbCache is the agent's copy of every load balancer and floating IP, and
 // what it last programmed. Guarded by Agent.mu.

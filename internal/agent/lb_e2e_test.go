@@ -5,6 +5,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -118,7 +119,12 @@ func spread(nsPath, network, addr string, n int) (map[string]int, error) {
 // namespace: the load balancers share the agent's inet table.
 func lbTable(t *testing.T, h *host) string {
 	t.Helper()
-	return testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "list", "table", "inet", h.nftTable)
+	// "" while the table does not exist (the caller retries).
+	out, err := exec.Command("ip", "netns", "exec", nettest.Name(h.ns), "nft", "list", "table", "inet", h.nftTable).Output()
+	if err != nil {
+		return ""
+	}
+	return string(out)
 }
 
 // lbElements counts the elements of the services and backends maps and
@@ -255,6 +261,9 @@ func TestLoadBalancerE2E(t *testing.T) {
 	}
 	for _, h := range c.hosts {
 		until(t, 5*time.Second, "no nft object left on "+h.id, func() error {
+			if lbTable(t, h) == "" {
+				return fmt.Errorf("no table to check")
+			}
 			if s, b, ch := lbElements(t, h); s+b+ch != 0 || strings.Contains(lbTable(t, h), "affinity") && strings.Contains(lbTable(t, h), "expires") {
 				return fmt.Errorf("services %d backends %d pick chains %d:\n%s", s, b, ch, lbTable(t, h))
 			}
@@ -395,6 +404,9 @@ func TestFloatingIPE2E(t *testing.T) {
 		t.Fatalf("floating IPs left: %v, %v", left, err)
 	}
 	until(t, 10*time.Second, "nothing left on the host", func() error {
+		if lbTable(t, h) == "" {
+			return fmt.Errorf("no table to check")
+		}
 		if e, r, n := fipState(t, h); e+r+n != 0 {
 			return fmt.Errorf("fip elements %d, routes %d, proxy neighbours %d:\n%s", e, r, n, lbTable(t, h))
 		}
@@ -482,7 +494,7 @@ func TestLBAgentKill9Churn(t *testing.T) {
 		classes[cl] = true
 	}
 	vipRE := regexp.MustCompile(`\. (10\.96\.\d+\.\d+) \. tcp \. 80 :`)
-	until(t, 20*time.Second, "agent converges on the controller's state", func() error {
+	converged := func() error {
 		table := lbTable(t, h)
 		got := map[string]bool{}
 		for _, m := range vipRE.FindAllStringSubmatch(table, -1) {
@@ -494,6 +506,11 @@ func TestLBAgentKill9Churn(t *testing.T) {
 				len(got), len(wantVIPs), maps.Equal(got, wantVIPs), s, b, wantBackends, ch, len(classes))
 		}
 		return nil
-	})
+	}
+	until(t, 20*time.Second, "agent converges on the controller's state", converged)
 	t.Logf("%d load balancers, %d members", len(want), wantBackends)
+	// Someone deletes the table: the periodic check notices, a full sync
+	// rebuilds it.
+	testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "delete", "table", "inet", h.nftTable)
+	until(t, 20*time.Second, "agent rebuilds a deleted table", converged)
 }

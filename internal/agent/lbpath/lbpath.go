@@ -809,6 +809,10 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 		return err
 	}
 	old, gen := p.gen, otherGen(p.gen)
+	// The skeleton first: someone may have deleted the table.
+	if err := p.writeSkeleton(ctx, old, ""); err != nil {
+		return err
+	}
 	tx := p.nft.NewTransaction()
 	addSets(tx, gen)
 	for i, d := range setDefs {
@@ -968,4 +972,53 @@ func (p *Path) Counts() map[string]int {
 		}
 	}
 	return out
+}
+
+// ErrDrift is returned by Check when the kernel lacks what this Path
+// wrote (a table deleted or flushed by someone else): call Sync.
+var ErrDrift = errors.New("lbpath: the kernel lacks objects this path wrote")
+
+// Check compares the table's chains and sets with what this Path wrote,
+// through two small netlink listings (no element is read). It does not
+// notice single elements removed by hand; Sync repairs those.
+func (p *Path) Check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("lbpath: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("lbpath: list chains: %w", err)
+	}
+	have := map[string]bool{}
+	for _, c := range chains {
+		if c.Table != nil && c.Table.Name == p.cfg.Table {
+			have[c.Name] = true
+		}
+	}
+	for _, c := range []string{"select-member", "nat-pre", "nat-post", "filter-fwd", "filter-in", emptyChain} {
+		if !have[c] {
+			return fmt.Errorf("%w: chain %s", ErrDrift, c)
+		}
+	}
+	for c := range p.chains {
+		if !have[c] {
+			return fmt.Errorf("%w: chain %s", ErrDrift, c)
+		}
+	}
+	sets, err := p.conn.GetSets(p.tbl)
+	if err != nil {
+		return fmt.Errorf("%w: list sets: %v", ErrDrift, err)
+	}
+	names := map[string]bool{}
+	for _, s := range sets {
+		names[s.Name] = true
+	}
+	for i := range setDefs {
+		if !names[setName(i, p.gen)] {
+			return fmt.Errorf("%w: set %s", ErrDrift, setName(i, p.gen))
+		}
+	}
+	return nil
 }

@@ -1,9 +1,13 @@
 package lbpath
 
 import (
+	"errors"
 	"net/netip"
 	"strconv"
 	"testing"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/testutil"
 )
 
 func manyLBs(n int) State {
@@ -60,5 +64,34 @@ func TestSyncConverges(t *testing.T) {
 	}
 	if c3 := p3.Counts(); c3["services"] != 500 || c3["backends"] != 999 || c3["chains"] != 2 {
 		t.Fatalf("kernel holds %v", c3)
+	}
+}
+
+// TestCheckDrift: Check notices a table deleted behind our back, and Sync
+// rebuilds it.
+func TestCheckDrift(t *testing.T) {
+	tp := newTopo(t)
+	client := tp.pod(t, "client", "10.0.0.10")
+	serveWho(t, tp.pod(t, "m1", "10.0.0.11"), "10.0.0.11:8080", "m1")
+	p := newPath(t, tp, "")
+	st := State{LBs: []LB{webLB("10.0.0.11")}}
+	if err := p.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(t.Context()); err != nil {
+		t.Fatalf("no drift yet: %v", err)
+	}
+	testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "delete", "table", "inet", "lbt")
+	if err := p.Check(t.Context()); !errors.Is(err, ErrDrift) {
+		t.Fatalf("want ErrDrift, got %v", err)
+	}
+	if err := p.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(t.Context()); err != nil {
+		t.Fatalf("after sync: %v", err)
+	}
+	if name, err := who(client, "10.96.0.1:80"); err != nil || name != "m1" {
+		t.Fatalf("after repair: %q, %v", name, err)
 	}
 }
