@@ -73,6 +73,11 @@
 // pick chains and local routes back, adding and removing what differs:
 // after a restart or kill -9 the table equals the given state.
 //
+// Check lists the table's chains and sets (cheap, no element read) and
+// reports ErrDrift when something this Path wrote is gone (the table
+// deleted or flushed by someone else); the agent runs it at every resync
+// and then calls Sync.
+//
 // Locking: Path.mu guards all mirrors and serialises transactions.
 //
 // It speaks only in its own LB and FIP types, never in the controller's or
