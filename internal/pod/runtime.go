@@ -69,7 +69,7 @@ type Options struct {
 	// ObserveStep, when set, is told how long each start step took (by
 	// the names StepNames lists, and StepTotal for the whole start) and
 	// whether it failed: kurmad's metrics.
-	ObserveStep func(step string, took time.Duration, err error)
+	ObserveStep func(step string, took time.Duration, err error) `json:"-"`
 	// FailStep makes Create fail right after the named start step has done
 	// its work (tests of the rollback; see steps in create.go).
 	FailStep string
