@@ -44,6 +44,7 @@ func TestParseConfig(t *testing.T) {
 		{"missing cniVersion", strings.Replace(goodConf, `"cniVersion":"1.1.0",`, "", 1), types.ErrInvalidNetworkConfig, "cniVersion"},
 		{"bad timeout", withField("timeouts", `{"up":"soon"}`), types.ErrInvalidNetworkConfig, "timeouts.up"},
 		{"negative timeout", withField("timeouts", `{"request":"-1s"}`), types.ErrInvalidNetworkConfig, "timeouts.request"},
+		{"bad retry", withField("timeouts", `{"retry":"11m"}`), types.ErrInvalidNetworkConfig, "timeouts.retry"},
 		{"token with newline", withField("token", `"a\nb"`), types.ErrInvalidNetworkConfig, "token"},
 		{"bad prevResult", withField("prevResult", `{"cniVersion":"1.0.0","ips":[{"address":"nonsense"}]}`), types.ErrInvalidNetworkConfig, "prevResult"},
 	}
@@ -84,6 +85,21 @@ func TestTimeoutsApplied(t *testing.T) {
 	if got := c.base.String(); got != "http://127.0.0.1:9696/" {
 		t.Fatalf("base = %q", got)
 	}
+	for _, tt := range []struct {
+		conf string
+		want time.Duration
+	}{
+		{goodConf, defaultRetryBudget},
+		{withField("timeouts", `{"retry":"2s"}`), 2 * time.Second},
+		{withField("timeouts", `{"retry":"0s"}`), 0},
+	} {
+		c, err := parseConfig([]byte(tt.conf))
+		if err != nil {
+			t.Errorf("%s: %v", tt.conf, err)
+		} else if c.retry != tt.want {
+			t.Errorf("retry budget of %s = %v, want %v", tt.conf, c.retry, tt.want)
+		}
+	}
 }
 
 func TestParseCNIArgs(t *testing.T) {
@@ -116,7 +132,7 @@ func TestParseCNIArgs(t *testing.T) {
 }
 
 func FuzzParseConfig(f *testing.F) {
-	for _, s := range []string{goodConf, withField("timeouts", `{"up":"5s"}`), `{}`, `[]`, `{"prevResult":{"cniVersion":"1.0.0"}}`,
+	for _, s := range []string{goodConf, withField("timeouts", `{"up":"5s"}`), withField("timeouts", `{"retry":"0s"}`), `{}`, `[]`, `{"prevResult":{"cniVersion":"1.0.0"}}`,
 		withField("prevResult", `{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24"}]}`)} {
 		f.Add([]byte(s))
 	}
