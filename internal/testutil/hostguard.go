@@ -29,13 +29,24 @@ var peerTables = []string{
 	"inet cni_plugins_masquerade",
 }
 
+// peerDirs are folders test peers make on first use and leave empty:
+// libcni's default cache, which cnitool always uses. Deepest first.
+var peerDirs = []string{"/var/lib/cni/results", "/var/lib/cni"}
+
 // KeepHost runs a host package's tests (call it from TestMain as
 // os.Exit(testutil.KeepHost(m))) and then puts back what they changed in
 // the host netns that no single test owns: the forwarding sysctls get their
 // old values, and the peers' nft tables that did not exist before are
 // removed when they hold no rule (a rule left is a leak to report, not to
-// hide).
+// hide), and the peers' folders that did not exist before are removed when
+// empty.
 func KeepHost(m *testing.M) int {
+	var newDirs []string
+	for _, d := range peerDirs {
+		if _, err := os.Stat(d); err != nil {
+			newDirs = append(newDirs, d)
+		}
+	}
 	sysctls := map[string]string{}
 	for _, s := range forwardingSysctls {
 		if b, err := os.ReadFile(filepath.Join("/proc/sys", s)); err == nil {
@@ -66,6 +77,9 @@ func KeepHost(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "delete nft table %s: %v: %s\n", t, err, out)
 			code = 1
 		}
+	}
+	for _, d := range newDirs {
+		_ = os.Remove(d) // only when empty
 	}
 	return code
 }
