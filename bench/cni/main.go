@@ -4,7 +4,11 @@
 // same run, alternating. It also measures mizarmp's own time (process
 // start to exit, invoked directly) and prints p50/p99 and the ratios, and
 // the floor: two no-op plugins (shell and Go) driven by cnitool the same way
-// (floor.go).
+// (floor.go). With -k8s (default) it also measures the Kubernetes driver,
+// kurma-k8s, on a real API server with the watcher and an agent in
+// Kubernetes mode (kurmak8s.go): ADD/DEL against the floor (goal: ADD <=
+// floor + 5 ms with the annotation already there), and the watcher's pod
+// create -> annotation latency (goal p99 <= 20 ms).
 //
 // Goals: mizarmp ADD <= 0.25x bridge ADD, DEL <= 0.1x bridge DEL, own time
 // < 3 ms.
@@ -38,8 +42,9 @@ type samples = benchutil.Samples
 
 func main() {
 	n := flag.Int("n", 60, "ADD/DEL cycles per plugin")
+	k8s := flag.Bool("k8s", true, "also measure the Kubernetes driver (kurma-k8s) on a real API server, and the watcher's pod→annotation latency")
 	flag.Parse()
-	if err := run(context.Background(), *n); err != nil {
+	if err := run(context.Background(), *n, *k8s); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/cni:", err)
 		os.Exit(1)
 	}
@@ -114,7 +119,7 @@ func cycle(ctx context.Context, tools []*tool, res []result, i int) error {
 	return nil
 }
 
-func run(ctx context.Context, n int) error {
+func run(ctx context.Context, n int, k8s bool) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	bin, err := filepath.Abs(benchutil.BinDir())
 	if err != nil {
@@ -153,6 +158,19 @@ func run(ctx context.Context, n int) error {
 	} else {
 		tools = append(tools, mp)
 		names = append(names, "mizarmp")
+	}
+
+	var kenv *k8sEnv
+	if k8s {
+		kt, ke, kclean, err := setupKurmaK8s(ctx, bin, cnitool, tmp)
+		defer kclean()
+		if err != nil {
+			fmt.Printf("kurma-k8s: not measured: %v\n", err)
+		} else {
+			tools = append(tools, kt)
+			names = append(names, "kurma-k8s")
+			kenv = ke
+		}
 	}
 
 	floors, floorNames, err := setupFloors(ctx, cnitool, tmp)
@@ -197,6 +215,19 @@ func run(ctx context.Context, n int) error {
 			fmt.Printf("    mizarmp minus %s: ADD p50 %s   DEL p50 %s\n", name,
 				ms(res[mpIdx].add.Pct(0.5)-res[k].add.Pct(0.5)), ms(res[mpIdx].del.Pct(0.5)-res[k].del.Pct(0.5)))
 		}
+		if ki := slices.Index(names, "kurma-k8s"); ki > 0 {
+			fmt.Printf("    kurma-k8s minus %s: ADD p50 %s p99 %s   DEL p50 %s p99 %s (goal ADD <= floor + 5ms)\n", name,
+				ms(res[ki].add.Pct(0.5)-res[k].add.Pct(0.5)), ms(res[ki].add.Pct(0.99)-res[k].add.Pct(0.99)),
+				ms(res[ki].del.Pct(0.5)-res[k].del.Pct(0.5)), ms(res[ki].del.Pct(0.99)-res[k].del.Pct(0.99)))
+		}
+	}
+	if kenv != nil {
+		lat, err := kenv.annotationLatency(ctx, 50)
+		if err != nil {
+			return fmt.Errorf("watcher latency: %w", err)
+		}
+		fmt.Printf("  watcher pod create -> annotation seen on a watch, 50 pods one at a time: p50 %s p99 %s (goal p99 <= 20ms)\n",
+			ms(lat.Pct(0.5)), ms(lat.Pct(0.99)))
 	}
 	if own != nil {
 		a, d, err := own(ctx, n)

@@ -58,6 +58,7 @@ type setupFunc func(ctx context.Context, binDir, tmp string) (setup, error)
 // setups are the CNI configurations -cni can name; "bridge" is the peer.
 var setups = map[string]setupFunc{
 	"bridge": bridgeSetup,
+	"kurma":  kurmaSetup,
 }
 
 func bridgeSetup(_ context.Context, binDir, tmp string) (setup, error) {

@@ -69,9 +69,11 @@ func installShim(dir string) error {
 }
 
 // installConf writes the conflist that makes kurma-k8s the node's CNI.
+// Its version is 1.0.0: containerd 1.6 (Debian 12's) rejects 1.1.0
+// results; the driver answers in the config's version.
 func installConf(dir, socket string) error {
 	b, err := json.MarshalIndent(map[string]any{
-		"cniVersion": "1.1.0", "name": "kurma",
+		"cniVersion": "1.0.0", "name": "kurma",
 		"plugins": []any{map[string]any{"type": "kurma-k8s", "socket": socket}},
 	}, "", "  ")
 	if err != nil {

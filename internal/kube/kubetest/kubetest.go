@@ -242,5 +242,5 @@ func (e *Env) RestartAgent(a *Agent) {
 
 // ConfList is the node conflist for the kurma-k8s driver on socket.
 func ConfList(socket string) []byte {
-	return []byte(`{"cniVersion":"1.1.0","name":"kurma","plugins":[{"type":"kurma-k8s","socket":"` + socket + `"}]}`)
+	return []byte(`{"cniVersion":"1.0.0","name":"kurma","plugins":[{"type":"kurma-k8s","socket":"` + socket + `"}]}`)
 }
