@@ -51,10 +51,30 @@ type Env struct {
 // Bin returns a build output of the cluster's bin dir.
 func (e *Env) Bin(name string) string { return filepath.Join(e.C.BinDir, name) }
 
-// Start starts a cluster with opts and a controller in it.
+// Start starts a cluster with opts and a controller in it. Clusters run one
+// at a time on a host (the harness's lock), so it waits up to 20 minutes
+// for its turn.
 func Start(t testing.TB, opts kubecluster.Options) *Env {
 	t.Helper()
-	c := kubecluster.StartT(t, opts)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (make test runs as root)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c, err := kubecluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("start cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range c.Processes() {
+				t.Logf("--- %s (tail) ---\n%s", p.Name, c.Logs(p.Name, 3000))
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close cluster: %v", err)
+		}
+	})
 	e := &Env{T: t, C: c, CtlURL: "http://" + ControllerAddr, Token: "kubetest-token"}
 	tokFile := filepath.Join(c.Dir, "ctl-token")
 	if err := os.WriteFile(tokFile, []byte(e.Token), 0o600); err != nil {
@@ -88,12 +108,7 @@ func (e *Env) StartProc(name, bin string, args ...string) *kubecluster.Process {
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	e.T.Cleanup(func() {
-		if e.T.Failed() {
-			e.T.Logf("--- %s (tail) ---\n%s", p.Name, e.C.Logs(p.Name, 4000))
-		}
-		p.Stop(5 * time.Second)
-	})
+	e.T.Cleanup(func() { p.Stop(5 * time.Second) })
 	return p
 }
 
