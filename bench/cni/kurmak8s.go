@@ -121,7 +121,7 @@ func setupKurmaK8s(ctx context.Context, bin, cnitool, tmp string) (*tool, *k8sEn
 func benchPod(name, node string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: k8sNS, Name: name, Labels: map[string]string{"kcni": "bench"}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: kubecluster.EchoImage}}},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: kubecluster.EchoImage}}},
 	}
 }
 
