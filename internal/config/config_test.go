@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -139,4 +140,33 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("accepted config fails validation: %v", err)
 		}
 	})
+}
+
+// TestDeployConfig: the shipped deploy/kurmad.yaml is valid and, with every
+// key commented out, is the defaults; uncommented, its examples parse too.
+func TestDeployConfig(t *testing.T) {
+	path := filepath.Join("..", "..", "deploy", "kurmad.yaml")
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, Default()) {
+		t.Errorf("deploy/kurmad.yaml differs from the defaults: %+v", c)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		// "# text" is a comment; "#key: ..." and "#  key: ..." (nested) are
+		// settings commented out.
+		if rest, ok := strings.CutPrefix(l, "#"); ok && (!strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "  ")) {
+			l = rest
+		}
+		lines = append(lines, l)
+	}
+	if _, err := Parse([]byte(strings.Join(lines, "\n")), Default()); err != nil {
+		t.Errorf("deploy/kurmad.yaml with its settings uncommented: %v", err)
+	}
 }
