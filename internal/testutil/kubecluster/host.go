@@ -24,27 +24,35 @@ import (
 // binaries (the kubelet changes host sysctls; cluster ports are fixed).
 var lockPath = filepath.Join(os.TempDir(), "kurma-kubecluster.lock")
 
-// hostLock takes the host-wide cluster lock, waiting for ctx.
+// hostLock takes the host-wide cluster lock, waiting for ctx. The wait is
+// a blocking flock (woken by the kernel at unlock, so a waiter is not
+// starved by a package that starts clusters back to back); when ctx ends
+// first, the lock is dropped as soon as it comes.
 func hostLock(ctx context.Context) (*os.File, error) {
 	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return f, nil
+	got := make(chan error) // unbuffered: a lock nobody takes is dropped
+	abandon := make(chan struct{})
+	go func() {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		select {
+		case got <- err:
+		case <-abandon:
+			_ = f.Close()
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
 			_ = f.Close()
 			return nil, fmt.Errorf("lock %s: %w", lockPath, err)
 		}
-		select {
-		case <-ctx.Done():
-			_ = f.Close()
-			return nil, fmt.Errorf("waiting for %s (another cluster runs): %w", lockPath, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
+		return f, nil
+	case <-ctx.Done():
+		close(abandon)
+		return nil, fmt.Errorf("waiting for %s (another cluster runs): %w", lockPath, ctx.Err())
 	}
 }
 

@@ -1,9 +1,7 @@
 package kubecluster
 
 import (
-	"context"
 	"testing"
-	"time"
 )
 
 // StartT starts a cluster for a test and closes it in t.Cleanup. It skips
@@ -14,9 +12,9 @@ func StartT(t testing.TB, opts Options) *Cluster {
 	if !isRoot() {
 		t.Skip("needs root (make test runs as root)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c, err := Start(ctx, opts)
+	// No deadline of its own: the wait for the host lock is bounded by
+	// the test's, and each startup step has its own.
+	c, err := Start(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("start cluster: %v", err)
 	}
