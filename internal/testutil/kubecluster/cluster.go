@@ -172,7 +172,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 			return nil, fmt.Errorf("kubecluster: %v not installed (hack/apt-packages.txt)", m)
 		}
 	}
-	lock, err := hostLock(ctx)
+	lock, err := hostLock(ctx, lockPath)
 	if err != nil {
 		return nil, err
 	}

@@ -28,8 +28,8 @@ var lockPath = filepath.Join(os.TempDir(), "kurma-kubecluster.lock")
 // a blocking flock (woken by the kernel at unlock, so a waiter is not
 // starved by a package that starts clusters back to back); when ctx ends
 // first, the lock is dropped as soon as it comes.
-func hostLock(ctx context.Context) (*os.File, error) {
-	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+func hostLock(ctx context.Context, path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -47,12 +47,12 @@ func hostLock(ctx context.Context) (*os.File, error) {
 	case err := <-got:
 		if err != nil {
 			_ = f.Close()
-			return nil, fmt.Errorf("lock %s: %w", lockPath, err)
+			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
 		return f, nil
 	case <-ctx.Done():
 		close(abandon)
-		return nil, fmt.Errorf("waiting for %s (another cluster runs): %w", lockPath, ctx.Err())
+		return nil, fmt.Errorf("waiting for %s (another cluster runs): %w", path, ctx.Err())
 	}
 }
 
