@@ -45,7 +45,9 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 			a.log.Debug("unplugged port moved away", "port", id)
 		}
 		if err == nil && ok && a.isLocal(&p) {
-			res = &plugResult{}
+			// Unplugged: a waiting Detach returns now, before the
+			// status report's round trip to the controller.
+			a.notify(id, plugResult{})
 			if p.VNI != 0 {
 				a.q.Add(vpcKey(p.VNI)) // it may have been the VPC's last port here
 			}
@@ -111,7 +113,9 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 	if needRemotes {
 		a.q.Add(vpcKey(spec.VNI))
 	}
-	res = &plugResult{plugged: true}
+	// Plugged: a waiting Attach returns now; the UP report to the
+	// controller follows (a failed report is retried by the queue).
+	a.notify(id, plugResult{plugged: true})
 	if spec.AdminDown {
 		return a.report(ctx, &p, controllerapi.StatusDown, "admin_state_up is false")
 	}
