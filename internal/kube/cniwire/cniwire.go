@@ -48,7 +48,7 @@ const (
 	// for another UID.
 	ErrUIDMismatch = 102
 	// ErrControllerUnreachable: the agent cannot reach the Kurma
-	// controller (no port list yet, or the UP report failed).
+	// controller (it has not listed its ports yet).
 	ErrControllerUnreachable = 103
 	// ErrPlugFailed: the agent could not plug the port into the pod's
 	// network namespace.
