@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -196,7 +197,9 @@ func New(cfg Config) (*Reconciler, error) {
 		byKey: map[string]string{}, warned: map[types.UID]bool{},
 		waitIP: map[string]map[string]bool{},
 	}
-	r.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
+	// Managed fields are most of a small object's bytes and are never
+	// read here; the API server keeps them when an update omits them.
+	r.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(dropManagedFields))
 	svcInf := r.factory.Core().V1().Services()
 	sliceInf := r.factory.Discovery().V1().EndpointSlices()
 	if err := sliceInf.Informer().AddIndexers(cache.Indexers{serviceIndex: func(obj any) ([]string, error) {
@@ -377,3 +380,12 @@ func (r *Reconciler) work(ctx context.Context) {
 // Synced reports whether the initial resync has finished (for tests and
 // readiness).
 func (r *Reconciler) Synced() bool { return r.synced0.Load() }
+
+// dropManagedFields is the informers' transform: cached objects lose
+// metadata.managedFields.
+func dropManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
+}

@@ -1,0 +1,290 @@
+package k8sservices_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/kube/kubetest"
+	"kurma.dev/kurma/internal/kube/services"
+	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/internal/testutil/kubecluster"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+const (
+	project = "k8s"
+	// The external network: the cluster's namespace is its gateway (.1),
+	// the outside namespace is .2, floating IPs come from .100-.200.
+	extCIDR = "198.51.100.0/24"
+	extGW   = "198.51.100.1"
+	outside = "198.51.100.2"
+	lbIP    = "198.51.100.150"
+)
+
+func deployment(namespace, name string, replicas int32) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{TerminationGracePeriodSeconds: new(int64),
+					Containers: []corev1.Container{{Name: "echo", Image: kubecluster.EchoImage, ImagePullPolicy: corev1.PullNever}}},
+			},
+		},
+	}
+}
+
+// podNetNS finds a pod's network namespace in the agent's attachment
+// records.
+func podNetNS(t *testing.T, a *kubetest.Agent, p corev1.Pod) string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(a.StateDir, "k8s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ents {
+		b, err := os.ReadFile(filepath.Join(a.StateDir, "k8s", x.Name()))
+		if err != nil {
+			continue
+		}
+		var r struct {
+			NetNS  string `json:"netns"`
+			PodUID string `json:"pod_uid"`
+		}
+		if json.Unmarshal(b, &r) == nil && r.PodUID == string(p.UID) {
+			return r.NetNS
+		}
+	}
+	t.Fatalf("no attachment of pod %s/%s", p.Namespace, p.Name)
+	return ""
+}
+
+// ask sends "hostname" to addr over network (tcp or udp) from inside
+// netnsPath and returns the answer.
+func ask(netnsPath, network, addr string) (string, error) {
+	var out string
+	err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+		c, err := net.DialTimeout(network, addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := io.WriteString(c, "hostname\n"); err != nil {
+			return err
+		}
+		if network == "udp" {
+			b := make([]byte, 256)
+			n, err := c.Read(b)
+			out = string(b[:n])
+			return err
+		}
+		out, err = bufio.NewReader(c).ReadString('\n')
+		return err
+	})
+	return strings.TrimSpace(out), err
+}
+
+// answers asks addr until every name in want has answered (all) or, with
+// only set, until n answers in a row came from want only.
+func answers(t *testing.T, netnsPath, network, addr string, want map[string]bool, only bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	seen := map[string]bool{}
+	streak := 0
+	var last string
+	var lastErr error
+	for time.Now().Before(deadline) {
+		got, err := ask(netnsPath, network, addr)
+		last, lastErr = got, err
+		switch {
+		case err != nil || !want[got]:
+			streak = 0
+		default:
+			seen[got] = true
+			streak++
+		}
+		if (!only && len(seen) == len(want)) || (only && streak >= 20) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s %s from %s: answered by %v (last %q, %v), want %v (only=%v)", network, addr, netnsPath, seen, last, lastErr, want, only)
+}
+
+func names(pods []corev1.Pod) map[string]bool {
+	m := map[string]bool{}
+	for _, p := range pods {
+		m[p.Name] = true
+	}
+	return m
+}
+
+// TestServicesWithoutKubeProxy is the issue's proof on a real cluster.
+func TestServicesWithoutKubeProxy(t *testing.T) {
+	testutil.RequireRoot(t)
+	sockDir, err := os.MkdirTemp("", "kurma-svc-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "cni.sock")
+	binDir := t.TempDir()
+	if err := os.Symlink(filepath.Join(kubecluster.BinDir(), "kurma-k8s"), filepath.Join(binDir, "kurma-k8s")); err != nil {
+		t.Fatal(err)
+	}
+	e := kubetest.Start(t, kubecluster.Options{ControllerManager: true, Scheduler: true,
+		CNIConfList: kubetest.ConfList(sock), CNIBinDir: binDir})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	kc := e.C.Client
+
+	// The outside: a namespace on the cluster's external interface.
+	out := nettest.NewNS(t, testutil.UniqueName("ksvo"))
+	ext, peer := testutil.UniqueName("ksx"), testutil.UniqueName("ksx")
+	testutil.Run(t, "ip", "link", "add", ext, "netns", filepath.Base(e.C.NetNS), "type", "veth", "peer", "name", peer, "netns", nettest.Name(out))
+	testutil.Run(t, "ip", "-n", filepath.Base(e.C.NetNS), "addr", "add", extGW+"/24", "dev", ext)
+	testutil.Run(t, "ip", "-n", filepath.Base(e.C.NetNS), "link", "set", ext, "up")
+	nettest.IP(t, out, "addr", "add", outside+"/24", "dev", peer)
+	nettest.IP(t, out, "link", "set", peer, "up")
+	nettest.IP(t, out, "link", "set", "lo", "up")
+	if _, err := e.Ctl.CreateExternalNetwork(ctx, controllerapi.ExternalNetwork{ID: "public", CIDR: extCIDR, GatewayIP: extGW,
+		AllocationPools: []controllerapi.AllocationPool{{Start: "198.51.100.100", End: "198.51.100.200"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	e.StartWatcher("--resync", "10s", "--service-cidr", kubecluster.ServiceCIDR)
+	a := e.StartAgentAt(e.C.NodeName, "10.253.0.1", sock, "--external-interface", ext)
+	// Runs before the agent stops (cleanups run last-in first-out): the
+	// pods' sandboxes go while the CNI DEL can still reach the agent.
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer ccancel()
+		zero := int64(0)
+		for _, n := range []string{"svc-a", "svc-b"} {
+			_ = kc.AppsV1().Deployments(n).DeleteCollection(cctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+			_ = kc.CoreV1().Pods(n).DeleteCollection(cctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+			if err := e.C.WaitNoPods(cctx, n, ""); err != nil {
+				t.Errorf("pods of %s not gone: %v", n, err)
+			}
+		}
+		// The kubelet removes the sandboxes (CNI DEL) a moment later.
+		for cctx.Err() == nil {
+			out, err := exec.CommandContext(cctx, "ctr", "-a", e.C.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q").Output()
+			if err == nil && strings.TrimSpace(string(out)) == "" {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Errorf("sandboxes left after the pods were deleted")
+	})
+
+	e.Namespace("svc-a")
+	e.Namespace("svc-b")
+	if _, err := kc.AppsV1().Deployments("svc-a").Create(ctx, deployment("svc-a", "web", 3), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ports := []corev1.ServicePort{
+		{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)},
+		{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(8080)},
+	}
+	web, err := kc.CoreV1().Services("svc-a").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, Ports: ports}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.CoreV1().Pods("svc-b").Create(ctx, kubetest.Pod("svc-b", "client", ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	webs, err := e.C.WaitPodsRunning(ctx, "svc-a", "app=web", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients, err := e.C.WaitPodsRunning(ctx, "svc-b", "app=kubetest", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := podNetNS(t, a, clients[0])
+	vip := web.Spec.ClusterIP
+
+	// ClusterIP, TCP and UDP: every backend answers over time.
+	answers(t, client, "tcp", net.JoinHostPort(vip, "80"), names(webs), false)
+	answers(t, client, "udp", net.JoinHostPort(vip, "53"), names(webs), false)
+	t.Logf("clusterIP %s answered by all of %v over TCP and UDP", vip, names(webs))
+
+	// Scale to 1: only the remaining backend answers.
+	sc, err := kc.AppsV1().Deployments("svc-a").GetScale(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Spec.Replicas = 1
+	if _, err := kc.AppsV1().Deployments("svc-a").UpdateScale(ctx, "web", sc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var left []corev1.Pod
+	e.Eventually(60*time.Second, "one web pod left", func() error {
+		l, err := kc.CoreV1().Pods("svc-a").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) != 1 || l.Items[0].Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("%d pods", len(l.Items))
+		}
+		left = l.Items
+		return nil
+	})
+	answers(t, client, "tcp", net.JoinHostPort(vip, "80"), names(left), true)
+	t.Logf("after scaling to 1 only %s answers", left[0].Name)
+
+	// type LoadBalancer with a requested address, reached from outside.
+	lb, err := kc.CoreV1().Services("svc-a").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web-lb"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerIP: lbIP,
+			Selector: map[string]string{"app": "web"}, Ports: ports[:1]}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Eventually(30*time.Second, "ingress of web-lb", func() error {
+		s, err := kc.CoreV1().Services("svc-a").Get(ctx, "web-lb", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if in := s.Status.LoadBalancer.Ingress; len(in) != 1 || in[0].IP != lbIP || in[0].IPMode == nil ||
+			*in[0].IPMode != corev1.LoadBalancerIPModeVIP {
+			return fmt.Errorf("ingress %+v", in)
+		}
+		return nil
+	})
+	answers(t, out, "tcp", net.JoinHostPort(lbIP, "80"), names(left), true)
+	t.Logf("LoadBalancer ingress %s answers from outside", lbIP)
+
+	// Deleting the Service releases the address.
+	if err := kc.CoreV1().Services("svc-a").Delete(ctx, "web-lb", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.Eventually(30*time.Second, "floating IP released", func() error {
+		if _, err := e.Ctl.GetFloatingIP(ctx, project, services.LBID(lb.UID)); err == nil {
+			return fmt.Errorf("still allocated")
+		}
+		return nil
+	})
+}
