@@ -62,5 +62,20 @@ func kurmaSetup(_ context.Context, binDir, tmp string) (setup, error) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		},
+		Drained: func(ctx context.Context, c *kubecluster.Cluster) error {
+			// Each sandbox's DEL removes its attachment record.
+			recs := filepath.Join(c.Dir, "kurma-agent", "k8s")
+			deadline := time.Now().Add(2 * time.Minute)
+			for {
+				ents, err := os.ReadDir(recs)
+				if err == nil && len(ents) == 0 {
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%d sandboxes still attached after 2 minutes", len(ents))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		},
 	}, nil
 }

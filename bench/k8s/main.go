@@ -50,6 +50,10 @@ type setup struct {
 	// Started, if set, runs once the cluster is up (e.g. to start a
 	// watcher and an agent with c.StartProcess) before any pod is made.
 	Started func(ctx context.Context, c *kubecluster.Cluster) error
+	// Drained, if set, runs after the last pod is deleted and before the
+	// cluster closes (e.g. to wait until the kubelet has torn every
+	// sandbox down through an agent that Close would stop first).
+	Drained func(ctx context.Context, c *kubecluster.Cluster) error
 }
 
 // setupFunc prepares a setup in the scratch folder tmp.
@@ -245,6 +249,11 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 		return r, err
 	}
 	r.deleteAll = time.Since(t1)
+	if s.Drained != nil {
+		if err := s.Drained(ctx, c); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
 }
 
