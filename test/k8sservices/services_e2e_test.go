@@ -188,15 +188,7 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 				t.Errorf("pods of %s not gone: %v", n, err)
 			}
 		}
-		// The kubelet removes the sandboxes (CNI DEL) a moment later.
-		for cctx.Err() == nil {
-			out, err := exec.CommandContext(cctx, "ctr", "-a", e.C.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q").Output()
-			if err == nil && strings.TrimSpace(string(out)) == "" {
-				return
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		t.Errorf("sandboxes left after the pods were deleted")
+		waitNoSandboxes(cctx, t, e)
 	})
 
 	e.Namespace("svc-a")
@@ -287,4 +279,18 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// waitNoSandboxes waits until the node's containerd holds no container:
+// the kubelet removes the sandboxes of deleted pods (CNI DEL) a moment
+// after the API objects go.
+func waitNoSandboxes(ctx context.Context, t *testing.T, e *kubetest.Env) {
+	for ctx.Err() == nil {
+		out, err := exec.CommandContext(ctx, "ctr", "-a", e.C.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q").Output()
+		if err == nil && strings.TrimSpace(string(out)) == "" {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Errorf("sandboxes left after the pods were deleted")
 }
