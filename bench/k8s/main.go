@@ -5,7 +5,9 @@
 // per-pod create→Running p50/p99 (watched through the API, and the
 // kubelet's own podStartSLOduration), and the latency of the network
 // plugin's ADD under that load, timed by a wrapper (cnitimer) around the
-// plugin. The peer is "bridge": the upstream bridge + host-local plugins.
+// plugin. The peer is "bridge": the upstream bridge + host-local plugins;
+// "bridge-default" is containerd's default conflist (bridge with
+// masquerade, host-local, portmap).
 // Ratios against the peer are printed when more than one setup runs.
 //
 // Adding a setup (e.g. Kurma's driver): write a func of type setupFunc that
@@ -18,6 +20,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
@@ -61,8 +64,37 @@ type setupFunc func(ctx context.Context, binDir, tmp string) (setup, error)
 
 // setups are the CNI configurations -cni can name; "bridge" is the peer.
 var setups = map[string]setupFunc{
-	"bridge": bridgeSetup,
-	"kurma":  kurmaSetup,
+	"bridge":         bridgeSetup,
+	"bridge-default": bridgeDefaultSetup,
+	"kurma":          kurmaSetup,
+}
+
+// bridgeDefaultSetup is the conflist containerd ships as its default
+// (10-containerd-net.conflist): bridge with masquerade and promiscuous
+// mode, host-local, then portmap. "bridge" is the same without masquerade
+// and portmap, the cheapest form of the peer.
+func bridgeDefaultSetup(_ context.Context, binDir, tmp string) (setup, error) {
+	conf := map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "containerd-net",
+		"plugins": []any{
+			map[string]any{
+				"type": "bridge", "bridge": "kbench1", "isGateway": true, "ipMasq": true, "promiscMode": true,
+				"ipam": map[string]any{
+					"type":    "host-local",
+					"dataDir": filepath.Join(tmp, "leases"),
+					"ranges":  []any{[]any{map[string]any{"subnet": "10.246.0.0/16"}}},
+					"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
+				},
+			},
+			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}},
+		},
+	}
+	b, err := json.Marshal(conf)
+	if err != nil {
+		return setup{}, err
+	}
+	return setup{ConfList: b, BinDir: filepath.Join(binDir, "cni"), Timed: "bridge"}, nil
 }
 
 func bridgeSetup(_ context.Context, binDir, tmp string) (setup, error) {
