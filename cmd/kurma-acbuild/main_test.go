@@ -10,7 +10,7 @@ import (
 
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func runOK(t *testing.T, args ...string) string {

@@ -21,8 +21,8 @@ import (
 	"kurma.dev/kurma/internal/config"
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // version is kurmad's version, reported by the API and in stager manifests.

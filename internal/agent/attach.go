@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Attachment says where a port bound to this host goes when its creator

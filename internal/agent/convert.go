@@ -5,8 +5,8 @@ import (
 	"strings"
 
 	"kurma.dev/kurma/internal/agent/datapath"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // DefaultIfName is the container-side name when a port has no veth_name.

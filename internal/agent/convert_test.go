@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/agent/datapath"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func goodPort() controllerapi.Port {

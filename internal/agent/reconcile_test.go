@@ -14,9 +14,9 @@ import (
 
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/nettest"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // fakeController serves a fixed list of ports and hosts, then the live

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/agent/nettest"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // TestEtcdReplicasKill9Churn is the crash test with the etcd backend and

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/agent/datapath"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // maxReason bounds the status_reason the agent sends.

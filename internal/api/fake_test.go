@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/image"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

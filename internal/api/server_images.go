@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	image "kurma.dev/kurma/internal/image/imagetypes"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // handlePull streams NDJSON PullEvents: progress lines, then the image or

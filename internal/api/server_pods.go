@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // DefaultGrace is the stop grace period when the caller names none.

@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/image"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // startServer serves a Server over fakes on a unix socket in a temp dir.

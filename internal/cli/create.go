@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"kurma.dev/kurma/internal/api/wire"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // maxSpecBytes bounds a pod spec file.

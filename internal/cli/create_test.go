@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/api/wire"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestParseSpec(t *testing.T) {

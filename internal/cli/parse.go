@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // ParseVolume parses a --volume value: "HOST:/path[:ro|rw]" where HOST is

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/api/wire"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestParseVolume(t *testing.T) {

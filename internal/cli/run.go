@@ -7,8 +7,8 @@ import (
 
 	apiclient "kurma.dev/kurma/internal/api/client"
 	"kurma.dev/kurma/internal/api/wire"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 type runFlags struct {

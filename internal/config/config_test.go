@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestParse(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/image/tarx"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func jsonMarshal(v any) ([]byte, error) {

@@ -11,8 +11,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // maxManifestSize bounds an ACI manifest read from outside.

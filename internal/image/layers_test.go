@@ -16,8 +16,8 @@ import (
 
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/acibuild"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // rawLayer builds a layer from raw tar headers.

@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Leases live apart from index.json, one small file per holder

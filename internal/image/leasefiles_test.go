@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/image"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // leaseStore opens a store holding two app images and returns it, its

@@ -25,8 +25,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"kurma.dev/kurma/internal/image/tarx"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const refNameAnnotation = "org.opencontainers.image.ref.name"

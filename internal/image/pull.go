@@ -18,8 +18,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Pull fetches uri unless an image with that reference is already stored,

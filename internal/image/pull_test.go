@@ -22,8 +22,8 @@ import (
 
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/acibuild"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestPullACI(t *testing.T) {

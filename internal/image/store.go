@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/image/trust"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 var _ Store = (*FSStore)(nil)

@@ -10,8 +10,8 @@ import (
 
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestStagerTrust(t *testing.T) {

@@ -13,10 +13,10 @@ import (
 	"github.com/google/uuid"
 
 	image "kurma.dev/kurma/internal/image/imagetypes"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
 	"kurma.dev/kurma/internal/pod/stageinit"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // FuzzSpec feeds create-pod specs, as REST bodies carry them, to the

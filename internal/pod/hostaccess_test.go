@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

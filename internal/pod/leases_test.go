@@ -15,9 +15,9 @@ import (
 
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/acibuild"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // pullTinyImage builds a one-file ACI named name and pulls it into s.

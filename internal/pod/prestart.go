@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	image "kurma.dev/kurma/internal/image/imagetypes"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/stageinit"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	"kurma.dev/kurma/internal/image"
 	"kurma.dev/kurma/internal/image/trust"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // recordFile is the per-pod record, written atomically in the pod's folder.

@@ -8,8 +8,8 @@ import (
 	"sync"
 
 	"kurma.dev/kurma/internal/image"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // memStore is an image.Store over folders the test prepared: it stands in

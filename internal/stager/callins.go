@@ -17,8 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // devNodes are the device nodes an app's /dev gets, copied from the

@@ -105,5 +105,5 @@
 // mountinfo and kerrors.
 // Must not import: `kurma.dev/kurma/...` (except `kurma.dev/kurma/pkg/appc`,
 // `kurma.dev/kurma/pkg/stagerspec`, `kurma.dev/kurma/internal/mountinfo`,
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/pkg/kerrors`).
 package stager

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // handleRun starts a process in an app with the caller's descriptors as its

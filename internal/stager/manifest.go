@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"syscall"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Identity is the resolved credentials of a process started in an app.

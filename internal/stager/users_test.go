@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func writeFile(t *testing.T, p, s string) {

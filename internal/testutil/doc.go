@@ -5,5 +5,5 @@
 // Every helper that creates a resource registers its own t.Cleanup. Only
 // _test.go files may import this package.
 // Must not import: `kurma.dev/kurma/...` (except
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/pkg/kerrors`).
 package testutil

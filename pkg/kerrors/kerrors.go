@@ -7,8 +7,7 @@
 //
 // It lives under pkg/ so that users of the public packages (the controller
 // client in pkg/controllerapi above all) can test the errors those return
-// with errors.Is. internal/kerrors re-exports it for code written before
-// the move.
+// with errors.Is.
 //
 // This package is a leaf.
 // Must not import: `kurma.dev/kurma/...`, `net/http`.

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // The plugin's own client for the few controller calls it makes. It does

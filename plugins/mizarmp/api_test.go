@@ -17,8 +17,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // The hand-written UUID v5 must give the ids earlier versions (which used

@@ -7,7 +7,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/utils"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // cmdDel deletes the attachment's port. It needs neither the netns nor a

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 type attachment struct{ containerID, ifName string }

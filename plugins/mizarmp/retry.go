@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Backoff between retries of a transient controller error: it starts

@@ -26,7 +26,7 @@
 // real controller and agent binaries for mizarmp tests and the benchmark)
 // uses only pkg/controllerapi.
 // Must not import: `kurma.dev/kurma/...` (except
-// `kurma.dev/kurma/internal/testutil`, `kurma.dev/kurma/internal/kerrors`,
-// `kurma.dev/kurma/pkg/kerrors`, `kurma.dev/kurma/test/cniconformance/mpenv`,
+// `kurma.dev/kurma/internal/testutil`, `kurma.dev/kurma/pkg/kerrors`,
+// `kurma.dev/kurma/test/cniconformance/mpenv`,
 // `kurma.dev/kurma/pkg/controllerapi`).
 package cniconformance

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/agent/nettest"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const testPrefix = "kagt"

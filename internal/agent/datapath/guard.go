@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Guard is the anti-spoofing filter of one port (port_security): what the

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const (

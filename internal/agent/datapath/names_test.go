@@ -8,7 +8,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestNames(t *testing.T) {

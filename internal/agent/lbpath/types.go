@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Protocol numbers the datapath matches on (meta l4proto).

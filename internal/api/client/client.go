@@ -25,8 +25,8 @@ import (
 
 	"kurma.dev/kurma/internal/api/wire"
 	image "kurma.dev/kurma/internal/image/imagetypes"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

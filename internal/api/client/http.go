@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // The HTTP/1.1 this client speaks: one request per connection (a CLI

@@ -7,8 +7,8 @@ import (
 	"io"
 
 	"kurma.dev/kurma/internal/api/wire"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // StreamIO is the caller's side of an exec, attach or run stream.

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/pod/podtypes"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // MaxBodyBytes bounds every JSON request body.

@@ -12,5 +12,5 @@
 // Locking: Subnet is immutable after New. Tracker.mu guards its blocks,
 // pending bits and cursor; all Tracker methods are safe for concurrent use.
 //
-// Imports nothing of Kurma but internal/kerrors.
+// Imports nothing of Kurma but pkg/kerrors.
 package ipam

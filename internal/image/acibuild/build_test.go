@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/image/acibuild"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/appc"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func names(t *testing.T, data []byte) []string {

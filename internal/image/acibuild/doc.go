@@ -6,6 +6,6 @@
 // A Builder is not safe for concurrent use.
 //
 // Must not import: `kurma.dev/kurma/...` (except `kurma.dev/kurma/pkg/appc`,
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`,
+// `kurma.dev/kurma/pkg/kerrors`,
 // `kurma.dev/kurma/internal/image/tarx`).
 package acibuild

@@ -31,5 +31,5 @@
 // when Extract fails, so a rejected tarball leaves nothing behind.
 //
 // Must not import: `kurma.dev/kurma/...` (except
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/pkg/kerrors`).
 package tarx

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/internal/image/tarx"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 type ent struct {

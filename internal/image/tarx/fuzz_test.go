@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/image/tarx"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // FuzzExtract feeds fuzzer-built tarballs to Extract and checks that nothing

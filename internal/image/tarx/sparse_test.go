@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/image/tarx"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // gnuSparse builds an old-GNU sparse entry claiming a 1 TiB file made of

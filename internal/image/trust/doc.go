@@ -13,5 +13,5 @@
 // package imports no other Kurma package but kerrors.
 //
 // Must not import: `kurma.dev/kurma/...` (except
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/pkg/kerrors`).
 package trust

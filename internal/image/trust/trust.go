@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const (

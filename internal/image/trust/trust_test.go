@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/image/trust"
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const id = "sha512-0123456789abcdef0123456789abcdef"

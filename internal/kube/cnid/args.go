@@ -3,7 +3,7 @@ package cnid
 import (
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // PodArgs are the Kubernetes keys of CNI_ARGS.

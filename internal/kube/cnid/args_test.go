@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestParseArgs(t *testing.T) {

@@ -24,10 +24,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"kurma.dev/kurma/internal/agent"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Agent is what the daemon needs of the node agent; *agent.Agent

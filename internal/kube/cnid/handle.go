@@ -20,9 +20,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"kurma.dev/kurma/internal/agent"
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/podnet"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // versions are the CNI versions the driver speaks.

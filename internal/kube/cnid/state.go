@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // record is one attachment: a sandbox's interface holding a port.

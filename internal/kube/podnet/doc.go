@@ -17,6 +17,5 @@
 //
 // This package is a leaf of the Kubernetes integration, shared by the CNI
 // daemon and the watcher at no cost. Must not import: `k8s.io/...`,
-// `kurma.dev/kurma/...` (except `kurma.dev/kurma/internal/kerrors`,
-// `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/...` (except `kurma.dev/kurma/pkg/kerrors`).
 package podnet

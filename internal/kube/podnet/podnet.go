@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Annotation is the pod annotation key the watcher writes.

@@ -23,10 +23,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	capi "kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const (

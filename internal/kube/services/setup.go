@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // setup waits for the cluster's VPC (internal/kube/watcher makes it),

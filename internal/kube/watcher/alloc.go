@@ -3,7 +3,7 @@ package watcher
 import (
 	"net/netip"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // nextFree returns the first block of size bits inside pool that overlaps

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestNextFree(t *testing.T) {

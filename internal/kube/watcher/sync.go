@@ -17,9 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const resyncKey = "resync"

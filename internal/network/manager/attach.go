@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Attachment is one entry of Pod.Networks: a network the pod is attached

@@ -16,10 +16,10 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func links(t *testing.T, n ns.NetNS) []string {

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // The real plugin main is supervised: killed, its network is failed and

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // State is where a network's plugin container is in its life.

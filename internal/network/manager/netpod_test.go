@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/manager"
 	"kurma.dev/kurma/internal/network/netconf"
 	"kurma.dev/kurma/internal/pod"
+	"kurma.dev/kurma/pkg/kerrors"
 	"kurma.dev/kurma/pkg/stagerspec"
 )
 

@@ -13,5 +13,5 @@
 // packages, only kerrors.
 // Must not import: `kurma.dev/kurma/...`, `github.com/vishvananda/...`,
 // `github.com/containernetworking/plugins/pkg/ns` (except
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/pkg/kerrors`).
 package netconf

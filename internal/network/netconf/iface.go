@@ -12,7 +12,7 @@ import (
 	"text/template/parse"
 	"unicode"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // MaxIfNameLen is the kernel's limit on interface names (IFNAMSIZ - 1).

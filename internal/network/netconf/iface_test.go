@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const podUUID = "146d7cef-fbf6-41da-a2f8-eba218597f9c"

@@ -8,7 +8,7 @@ import (
 	"net/url"
 	"strings"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Keys of a pod_networks entry that belong to Kurma. They are removed from

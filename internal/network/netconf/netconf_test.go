@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const goodEntry = `{"name":"mynet","aci":"file:///opt/net.aci","default":true,"containerInterface":"eth0",

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestParseResult(t *testing.T) {

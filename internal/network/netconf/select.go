@@ -3,7 +3,7 @@ package netconf
 import (
 	"fmt"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Select returns the networks a pod is attached to, in order: the named

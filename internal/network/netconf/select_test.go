@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func mustParse(t *testing.T, entries ...string) []Network {

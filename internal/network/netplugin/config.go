@@ -10,8 +10,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/netconf"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // MaxConfigSize bounds the config read from stdin.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 func TestParseConfig(t *testing.T) {

@@ -16,6 +16,6 @@
 //
 // Among Kurma packages it imports only kerrors and network/netconf.
 // Must not import: `kurma.dev/kurma/...` (except
-// `kurma.dev/kurma/internal/kerrors`, `kurma.dev/kurma/pkg/kerrors`,
+// `kurma.dev/kurma/pkg/kerrors`,
 // `kurma.dev/kurma/internal/network/netconf`).
 package netplugin

@@ -14,8 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"kurma.dev/kurma/internal/kerrors"
 	"kurma.dev/kurma/internal/network/netconf"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Defaults inside the plugin image.

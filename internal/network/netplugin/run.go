@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"kurma.dev/kurma/internal/kerrors"
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Environment variables the executables read (the image sets none: the

@@ -24,6 +24,5 @@
 // docs/kubernetes-testing.md. Only tests and bench/ mains import this
 // package.
 // Must not import: `kurma.dev/kurma/...` (except
-// `kurma.dev/kurma/internal/testutil`, `kurma.dev/kurma/internal/kerrors`,
-// `kurma.dev/kurma/pkg/kerrors`).
+// `kurma.dev/kurma/internal/testutil`, `kurma.dev/kurma/pkg/kerrors`).
 package kubecluster
