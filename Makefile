@@ -120,7 +120,8 @@ test: test-deps build
 test-unit:
 	$(GO) test -count=1 -short ./...
 
-demo: deps build
+# The demo needs no Kubernetes build (make k8s: minutes on a fresh machine).
+demo: deps binaries tools images
 	@hack/demo.sh $(BIN)
 
 # Every benchmark under bench/ (each a main package printing its figures).
