@@ -174,7 +174,11 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 	}
 
 	e.StartWatcher("--resync", "10s", "--service-cidr", kubecluster.ServiceCIDR)
-	a := e.StartAgentAt(e.C.NodeName, "10.253.0.1", sock, "--external-interface", ext)
+	// The second node's namespace and underlay exist before the first
+	// agent starts: that agent's underlay address must be one node2 can
+	// reach, or the VXLAN from node2 has nowhere to go.
+	n2 := secondNodeNS(t, e)
+	a := e.StartAgentAt(e.C.NodeName, ul1, sock, "--external-interface", ext)
 	// Runs before the agent stops (cleanups run last-in first-out): the
 	// pods' sandboxes go while the CNI DEL can still reach the agent.
 	t.Cleanup(func() {
@@ -223,6 +227,10 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 	answers(t, client, "tcp", net.JoinHostPort(vip, "80"), names(webs), false)
 	answers(t, client, "udp", net.JoinHostPort(vip, "53"), names(webs), false)
 	t.Logf("clusterIP %s answered by all of %v over TCP and UDP", vip, names(webs))
+
+	// A pod on a second node (its own agent, VXLAN to this one) reaches
+	// the Service, answered by all 3 backends.
+	fromSecondNode(t, e, ctx, n2, "svc-a", net.JoinHostPort(vip, "80"), names(webs), &webs[0])
 
 	// Scale to 1: only the remaining backend answers.
 	sc, err := kc.AppsV1().Deployments("svc-a").GetScale(ctx, "web", metav1.GetOptions{})
