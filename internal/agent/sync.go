@@ -131,10 +131,14 @@ func netnsGone(path string) (bool, string) {
 }
 
 // ensureVPC creates or repairs the VPC with the gateways of every local
-// port in it (plus extra's). The caller holds the VPC's lock exclusively.
+// port in it (plus extra's) and of the subnets of its remote ports: a
+// local pod reaches a pod of another subnet that has no port on this host
+// only when that subnet is on-link here (routed between the bridge's
+// gateways, then bridged to the VXLAN device). The caller holds the VPC's
+// lock exclusively.
 func (a *Agent) ensureVPC(ctx context.Context, vni uint32, extra ...datapath.PortSpec) error {
 	specs := append(a.localSpecs(vni), extra...)
-	gws := gatewaysOf(specs)
+	gws := gatewaysOf(append(specs, a.remoteGatewaySpecs(vni)...))
 	if err := a.dp.EnsureVPC(ctx, datapath.VPCSpec{VNI: vni, Gateways: gws}); err != nil {
 		return err
 	}
@@ -253,6 +257,29 @@ func (a *Agent) lingerLeft(vni uint32) time.Duration {
 		a.empty[vni] = since
 	}
 	return a.cfg.VPCLinger - time.Since(since)
+}
+
+// remoteGatewaySpecs gives, for each remote port of a VPC, a spec holding
+// only its addresses (with their subnets' gateways), for gatewaysOf.
+// Addresses the cache cannot describe are skipped.
+func (a *Agent) remoteGatewaySpecs(vni uint32) []datapath.PortSpec {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []datapath.PortSpec
+	for _, p := range a.ports {
+		if p.VNI != vni || a.isLocal(p) {
+			continue
+		}
+		cp := a.withSubnetsLocked(p)
+		var s datapath.PortSpec
+		for _, f := range cp.FixedIPs {
+			if pa, err := toPortAddr(p.ID, f); err == nil {
+				s.Addrs = append(s.Addrs, pa)
+			}
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // localSpecs converts the cached local ports of a VPC, skipping those

@@ -230,7 +230,7 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 
 	// A pod on a second node (its own agent, VXLAN to this one) reaches
 	// the Service, answered by all 3 backends.
-	fromSecondNode(t, e, ctx, n2, "svc-a", net.JoinHostPort(vip, "80"), names(webs), &webs[0])
+	fromSecondNode(t, e, ctx, n2, "svc-b", net.JoinHostPort(vip, "80"), names(webs), &webs[0])
 
 	// Scale to 1: only the remaining backend answers.
 	sc, err := kc.AppsV1().Deployments("svc-a").GetScale(ctx, "web", metav1.GetOptions{})
