@@ -3,7 +3,6 @@ package k8se2e_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -37,47 +35,6 @@ const (
 	ul1 = "10.254.7.1"
 	ul2 = "10.254.7.2"
 )
-
-func deployment(ns, name string, replicas int32) *appsv1.Deployment {
-	labels := map[string]string{"app": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{TerminationGracePeriodSeconds: new(int64),
-					Containers: []corev1.Container{{Name: "echo", Image: kubecluster.EchoImage, ImagePullPolicy: corev1.PullNever}}},
-			},
-		},
-	}
-}
-
-// netnsOf finds a pod's network namespace in the agent's attachment
-// records.
-func netnsOf(t *testing.T, a *kubetest.Agent, p corev1.Pod) string {
-	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(a.StateDir, "k8s"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, x := range ents {
-		b, err := os.ReadFile(filepath.Join(a.StateDir, "k8s", x.Name()))
-		if err != nil {
-			continue
-		}
-		var r struct {
-			NetNS  string `json:"netns"`
-			PodUID string `json:"pod_uid"`
-		}
-		if json.Unmarshal(b, &r) == nil && r.PodUID == string(p.UID) {
-			return r.NetNS
-		}
-	}
-	t.Fatalf("no attachment of pod %s/%s", p.Namespace, p.Name)
-	return ""
-}
 
 // askHostname connects from inside netns to addr (an echo server) and
 // returns its answer to "hostname".
@@ -164,7 +121,7 @@ func TestKubernetesPodNetworking(t *testing.T) {
 	})
 
 	nsA, nsB := e.Namespace("e2e-a"), e.Namespace("e2e-b")
-	if _, err := kc.AppsV1().Deployments("e2e-a").Create(ctx, deployment("e2e-a", "web", 3), metav1.CreateOptions{}); err != nil {
+	if _, err := kc.AppsV1().Deployments("e2e-a").Create(ctx, kubetest.Deployment("e2e-a", "web", 3), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	client := kubetest.Pod("e2e-b", "client", "")
@@ -219,10 +176,10 @@ func TestKubernetesPodNetworking(t *testing.T) {
 	}
 
 	// TCP between namespaces, both ways.
-	clientNS := netnsOf(t, a1, bs[0])
+	clientNS := a1.PodNetNS(t, bs[0])
 	for _, w := range webs {
 		reachPod(t, clientNS, w)
-		reachPod(t, netnsOf(t, a1, w), bs[0])
+		reachPod(t, a1.PodNetNS(t, w), bs[0])
 	}
 
 	// The second node: an agent in its own namespace, a pod created on it
@@ -267,7 +224,7 @@ func TestKubernetesPodNetworking(t *testing.T) {
 // Running with exactly one port.
 func rollout(t *testing.T, e *kubetest.Env, ctx context.Context) {
 	kc := e.C.Client
-	if _, err := kc.AppsV1().Deployments("e2e-a").Create(ctx, deployment("e2e-a", "roll", 30), metav1.CreateOptions{}); err != nil {
+	if _, err := kc.AppsV1().Deployments("e2e-a").Create(ctx, kubetest.Deployment("e2e-a", "roll", 30), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.Eventually(60*time.Second, "rollout under way", func() error {
@@ -319,35 +276,7 @@ func secondNode(t *testing.T, e *kubetest.Env, ctx context.Context, n2 string, w
 	if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node2"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The second agent reaches the API server and the controller through
-	// forwarders listening inside its namespace.
-	apiAddr := strings.TrimPrefix(e.C.Config.Host, "https://")
-	forward(t, e, n2, apiAddr)
-	forward(t, e, n2, kubetest.ControllerAddr)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "sock", "cni.sock")
-	agent := exec.Command("nsenter", "--net="+n2, "--", e.Bin("kurma-agent"), "--controller", e.CtlURL,
-		"--token-file", e.TokenFile(), "--host-id", "node2", "--underlay-ip", ul2, "--state-dir", filepath.Join(dir, "state"),
-		"--link-prefix", "kn2", "--nft-table", "kurma-e2e-node2", "--k8s-node-name", "node2",
-		"--k8s-kubeconfig", e.C.Kubeconfig, "--k8s-cni-socket", sock)
-	logf, err := os.Create(filepath.Join(dir, "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent.Stdout, agent.Stderr = logf, logf
-	agent.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("--- node2 agent ---\n%s", b)
-		}
-	})
-	e.Eventually(30*time.Second, "node2 agent socket", func() error { _, err := os.Stat(sock); return err })
+	sock := e.StartRemoteAgent(t, n2, "node2", ul2, "kn2", "kurma-e2e-node2")
 
 	p, err := kc.CoreV1().Pods("e2e-a").Create(ctx, kubetest.Pod("e2e-a", "on-node2", "node2"), metav1.CreateOptions{})
 	if err != nil {
@@ -394,38 +323,4 @@ func mustGet(t *testing.T, e *kubetest.Env, ns, name string) *corev1.Pod {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// forward listens on addr inside namespace nsPath and relays each
-// connection to addr inside the cluster's namespace.
-func forward(t *testing.T, e *kubetest.Env, nsPath, addr string) {
-	t.Helper()
-	var ln net.Listener
-	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				u, err := e.C.DialContext(context.Background(), "tcp", addr)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				go func() { _, _ = io.Copy(u, c) }()
-				_, _ = io.Copy(c, u)
-			}()
-		}
-	}()
 }

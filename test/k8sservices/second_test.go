@@ -2,17 +2,12 @@ package k8sservices_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -52,32 +47,7 @@ func fromSecondNode(t *testing.T, e *kubetest.Env, ctx context.Context, n2, podN
 	if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node2"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	forward(t, e, n2, strings.TrimPrefix(e.C.Config.Host, "https://"))
-	forward(t, e, n2, kubetest.ControllerAddr)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "sock", "cni.sock")
-	agent := exec.Command("nsenter", "--net="+n2, "--", e.Bin("kurma-agent"), "--controller", e.CtlURL,
-		"--token-file", e.TokenFile(), "--host-id", "node2", "--underlay-ip", ul2, "--state-dir", filepath.Join(dir, "state"),
-		"--link-prefix", "ks2", "--nft-table", "kurma-svc-node2", "--k8s-node-name", "node2",
-		"--k8s-kubeconfig", e.C.Kubeconfig, "--k8s-cni-socket", sock)
-	logf, err := os.Create(filepath.Join(dir, "agent.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent.Stdout, agent.Stderr = logf, logf
-	agent.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("--- node2 agent ---\n%s", b)
-		}
-	})
-	e.Eventually(30*time.Second, "node2 agent socket", func() error { _, err := os.Stat(sock); return err })
+	sock := e.StartRemoteAgent(t, n2, "node2", ul2, "ks2", "kurma-svc-node2")
 
 	p, err := kc.CoreV1().Pods(podNSName).Create(ctx, kubetest.Pod(podNSName, "on-node2", "node2"), metav1.CreateOptions{})
 	if err != nil {
@@ -110,37 +80,4 @@ func fromSecondNode(t *testing.T, e *kubetest.Env, ctx context.Context, n2, podN
 	if err := kc.CoreV1().Pods(podNSName).Delete(ctx, "on-node2", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// forward listens on addr inside nsPath and relays each connection to
-// addr inside the cluster's namespace.
-func forward(t *testing.T, e *kubetest.Env, nsPath, addr string) {
-	t.Helper()
-	var ln net.Listener
-	if err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				u, err := e.C.DialContext(context.Background(), "tcp", addr)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				go func() { _, _ = io.Copy(u, c) }()
-				_, _ = io.Copy(c, u)
-			}()
-		}
-	}()
 }

@@ -3,7 +3,6 @@ package k8sservices_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -37,47 +35,6 @@ const (
 	outside = "198.51.100.2"
 	lbIP    = "198.51.100.150"
 )
-
-func deployment(namespace, name string, replicas int32) *appsv1.Deployment {
-	labels := map[string]string{"app": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{TerminationGracePeriodSeconds: new(int64),
-					Containers: []corev1.Container{{Name: "echo", Image: kubecluster.EchoImage, ImagePullPolicy: corev1.PullNever}}},
-			},
-		},
-	}
-}
-
-// podNetNS finds a pod's network namespace in the agent's attachment
-// records.
-func podNetNS(t *testing.T, a *kubetest.Agent, p corev1.Pod) string {
-	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(a.StateDir, "k8s"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, x := range ents {
-		b, err := os.ReadFile(filepath.Join(a.StateDir, "k8s", x.Name()))
-		if err != nil {
-			continue
-		}
-		var r struct {
-			NetNS  string `json:"netns"`
-			PodUID string `json:"pod_uid"`
-		}
-		if json.Unmarshal(b, &r) == nil && r.PodUID == string(p.UID) {
-			return r.NetNS
-		}
-	}
-	t.Fatalf("no attachment of pod %s/%s", p.Namespace, p.Name)
-	return ""
-}
 
 // ask sends "hostname" to addr over network (tcp or udp) from inside
 // netnsPath and returns the answer.
@@ -197,7 +154,7 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 
 	e.Namespace("svc-a")
 	e.Namespace("svc-b")
-	if _, err := kc.AppsV1().Deployments("svc-a").Create(ctx, deployment("svc-a", "web", 3), metav1.CreateOptions{}); err != nil {
+	if _, err := kc.AppsV1().Deployments("svc-a").Create(ctx, kubetest.Deployment("svc-a", "web", 3), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	ports := []corev1.ServicePort{
@@ -220,7 +177,7 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := podNetNS(t, a, clients[0])
+	client := a.PodNetNS(t, clients[0])
 	vip := web.Spec.ClusterIP
 
 	// ClusterIP, TCP and UDP: every backend answers over time.
