@@ -2,7 +2,6 @@ package services
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -14,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -22,17 +20,16 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"kurma.dev/kurma/internal/kube/leader"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // ErrLostLease ends Run when another replica took the lease.
-var ErrLostLease = errors.New("services: lost the leader lease")
+var ErrLostLease = leader.ErrLost
 
 // Controller is the part of the controller API the reconciler uses;
 // *controllerapi.Client implements it.
@@ -58,10 +55,7 @@ var _ Controller = (*controllerapi.Client)(nil)
 
 // Lease configures leader election on a coordination.k8s.io Lease (as
 // internal/kube/watcher's, on a Lease of its own).
-type Lease struct {
-	Namespace, Name, Identity            string
-	Duration, RenewDeadline, RetryPeriod time.Duration
-}
+type Lease = leader.Lease
 
 // DefaultClass is the loadBalancerClass this package serves (besides
 // Services that name no class).
@@ -271,44 +265,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if r.cfg.Lease == nil {
 		return r.lead(ctx)
 	}
-	l := r.cfg.Lease
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name},
-		Client:     r.kube.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
-	}
-	var leadErr error
-	lost := false
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: l.Duration, RenewDeadline: l.RenewDeadline, RetryPeriod: l.RetryPeriod,
-		ReleaseOnCancel: true, Name: "kurma-k8s-services",
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				r.log.Info("services: leading", "identity", l.Identity)
-				leadErr = r.lead(ctx)
-				cancel()
-			},
-			OnStoppedLeading: func() {
-				if ctx.Err() == nil {
-					lost = true
-				}
-				cancel()
-			},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("services: leader election: %w", err)
-	}
-	le.Run(lctx)
-	switch {
-	case leadErr != nil:
-		return leadErr
-	case lost:
-		return ErrLostLease
-	}
-	return nil
+	return leader.Run(ctx, r.kube, *r.cfg.Lease, "kurma-k8s-services", r.log, r.lead)
 }
 
 func (r *Reconciler) lead(ctx context.Context) error {

@@ -28,10 +28,6 @@ func newLimiter() *rate.Limiter { return rate.NewLimiter(rate.Limit(200), 1000) 
 
 func everything() labels.Selector { return labels.Everything() }
 
-func metav1ObjectMeta(ns, name string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Namespace: ns, Name: name}
-}
-
 // PortID is the id of the port of the pod with this UID.
 func PortID(uid types.UID) string { return "pod-" + string(uid) }
 

@@ -14,16 +14,15 @@ import (
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/workqueue"
 
+	"kurma.dev/kurma/internal/kube/leader"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // ErrLostLease ends Run when another replica took the lease.
-var ErrLostLease = errors.New("watcher: lost the leader lease")
+var ErrLostLease = leader.ErrLost
 
 // Controller is the part of the controller API the watcher uses;
 // *controllerapi.Client implements it.
@@ -45,14 +44,7 @@ type Controller interface {
 var _ Controller = (*controllerapi.Client)(nil)
 
 // Lease configures leader election on a coordination.k8s.io Lease.
-type Lease struct {
-	Namespace, Name string
-	// Identity names this replica (default: the hostname).
-	Identity string
-	// Duration, RenewDeadline and RetryPeriod are client-go's; defaults
-	// 12s, 8s and 2s, so a dead leader is replaced within ~14s.
-	Duration, RenewDeadline, RetryPeriod time.Duration
-}
+type Lease = leader.Lease
 
 // Config configures a Watcher.
 type Config struct {
@@ -204,44 +196,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if w.cfg.Lease == nil {
 		return w.lead(ctx)
 	}
-	l := w.cfg.Lease
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1ObjectMeta(l.Namespace, l.Name),
-		Client:     w.kube.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
-	}
-	var leadErr error
-	lost := false
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: l.Duration, RenewDeadline: l.RenewDeadline, RetryPeriod: l.RetryPeriod,
-		ReleaseOnCancel: true, Name: "kurma-k8s-watcher",
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				w.log.Info("leading", "identity", l.Identity)
-				leadErr = w.lead(ctx)
-				cancel()
-			},
-			OnStoppedLeading: func() {
-				if ctx.Err() == nil {
-					lost = true
-				}
-				cancel()
-			},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("watcher: leader election: %w", err)
-	}
-	le.Run(lctx)
-	switch {
-	case leadErr != nil:
-		return leadErr
-	case lost:
-		return ErrLostLease
-	}
-	return nil
+	return leader.Run(ctx, w.kube, *w.cfg.Lease, "kurma-k8s-watcher", w.log, w.lead)
 }
 
 // lead is the leader's part of Run.
