@@ -8,7 +8,11 @@
 //
 // VERSION is answered here, so that a runtime can probe the plugin while
 // the agent is down. An agent that cannot be reached is CNI error 11 (try
-// again later).
+// again later), except for DEL: the shim leaves the request in the
+// agent's DEL queue (cniwire.DelQueue) and succeeds, so that a pod deleted
+// while its node's agent is down (an upgrade, a crash) does not keep its
+// sandbox and network namespace until the agent returns; the agent carries
+// the DEL out when it starts.
 //
 // Network config: {"cniVersion":"1.1.0","name":"kurma","type":"kurma-k8s",
 // "socket":"/run/kurma/cni.sock"} ("socket" optional).
@@ -20,10 +24,12 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"kurma.dev/kurma/internal/kube/cniwire"
@@ -69,10 +75,50 @@ func run(out io.Writer) int {
 	}
 	resp, err := call(sock, &req)
 	if err != nil {
+		if req.Env["CNI_COMMAND"] == "DEL" {
+			qerr := queueDel(sock, &req)
+			if qerr == nil {
+				return 0
+			}
+			err = errors.Join(err, qerr)
+		}
 		return fail(out, conf.CNIVersion, 11, "kurma agent not reachable", err.Error())
 	}
 	_, _ = out.Write(resp.Stdout)
 	return resp.ExitCode
+}
+
+// queueDel leaves req in the agent's DEL queue: written to a temporary
+// file, then renamed, so the agent never reads half a request.
+func queueDel(sock string, req *cniwire.Request) error {
+	name := cniwire.QueueFile(req.Env["CNI_CONTAINERID"], req.Env["CNI_IFNAME"])
+	if name == "" {
+		return errors.New("DEL not queued: CNI_CONTAINERID or CNI_IFNAME is not a file name")
+	}
+	dir := cniwire.DelQueue(sock)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("queue DEL: %w", err)
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-")
+	if err != nil {
+		return fmt.Errorf("queue DEL: %w", err)
+	}
+	_, err = tmp.Write(b)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+		return fmt.Errorf("queue DEL: %w", err)
+	}
+	return nil
 }
 
 // call sends one request and reads the answer.

@@ -65,8 +65,10 @@ func errCode(t *testing.T, out []byte) uint {
 // TestDriver drives the shim and the agent's daemon against a real API
 // server, controller, watcher and agent datapath: ADD plugs the port of
 // the pod's annotation, two pods reach each other, CHECK/DEL/GC/STATUS
-// behave, the documented error codes come back, and an agent killed with
-// SIGKILL keeps the pods plugged and honours their DEL after restart.
+// behave, the documented error codes come back, an agent killed with
+// SIGKILL keeps the pods plugged and honours their DEL after restart, and
+// a DEL sent while the agent is down is queued and carried out when it is
+// back.
 func TestDriver(t *testing.T) {
 	e := kubetest.Start(t, kubecluster.Options{NoNode: true})
 	ctx := context.Background()
@@ -184,7 +186,34 @@ func TestDriver(t *testing.T) {
 	if err := nettest.Reach(ctx, pods[0].netns, ip2+":7777", "hello from p2"); err != nil {
 		t.Fatalf("p1 -> p2 after agent restart: %v", err)
 	}
-	for i := 0; i < 2; i++ { // DEL twice: the second finds nothing and succeeds
+	// A DEL while the agent is down is queued, succeeds, and is carried
+	// out when the agent is back; the other pod stays plugged.
+	if err := syscall.Kill(a.Proc.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.Proc.Done()
+	if out, code := shim(t, e, call{"DEL", pods[0].cid, pods[0].netns, cniArgs("drv", "p1", pods[0].uid), pconf}); code != 0 {
+		t.Fatalf("DEL with the agent down: exit %d, %s; want it queued", code, out)
+	}
+	queue := cniwire.DelQueue(a.Socket)
+	if ents, err := os.ReadDir(queue); err != nil || len(ents) != 1 {
+		t.Fatalf("DEL queue %s: %v, %v; want one file", queue, ents, err)
+	}
+	e.RestartAgent(a)
+	e.Eventually(20*time.Second, "queued DEL carried out", func() error {
+		ents, err := os.ReadDir(queue)
+		if err != nil || len(ents) != 0 {
+			return fmt.Errorf("queue: %v, %v", ents, err)
+		}
+		if got := nettest.Links(t, pods[0].netns); len(got) != 1 {
+			return fmt.Errorf("p1 still has links %v", got)
+		}
+		return nil
+	})
+	if got := nettest.Links(t, pods[1].netns); len(got) != 2 {
+		t.Fatalf("p2 lost its interface to p1's queued DEL: %v", got)
+	}
+	for i := 0; i < 2; i++ { // DEL twice more: nothing left to do, and success
 		if out, code := shim(t, e, call{"DEL", pods[0].cid, pods[0].netns, cniArgs("drv", "p1", pods[0].uid), pconf}); code != 0 {
 			t.Fatalf("DEL #%d: %s", i+1, out)
 		}

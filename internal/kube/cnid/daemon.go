@@ -61,6 +61,9 @@ type Config struct {
 	AttachTimeout time.Duration
 	// MaxConcurrent bounds the requests served at once (default 32).
 	MaxConcurrent int
+	// DelQueueInterval is how often the DELs the shim queued while the
+	// agent was down are carried out, besides at start (default 30s).
+	DelQueueInterval time.Duration
 	Logger        *slog.Logger
 }
 
@@ -101,6 +104,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 32
+	}
+	if cfg.DelQueueInterval <= 0 {
+		cfg.DelQueueInterval = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -179,6 +185,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	sem := make(chan struct{}, d.cfg.MaxConcurrent)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Go(func() { d.drainDelQueueEvery(ctx, d.cfg.DelQueueInterval) })
 	for {
 		select {
 		case sem <- struct{}{}:

@@ -11,6 +11,8 @@
 // import: `kurma.dev/kurma/...`, `k8s.io/...`, `net/http`.
 package cniwire
 
+import "path/filepath"
+
 // DefaultSocket is where the agent listens unless the network config's
 // "socket" says otherwise.
 const DefaultSocket = "/run/kurma/cni.sock"
@@ -54,3 +56,35 @@ const (
 	// network namespace.
 	ErrPlugFailed = 104
 )
+
+// DelQueue is the folder, beside the agent's socket, where the shim leaves
+// a DEL it could not deliver because the agent was down. The runtime then
+// sees the DEL succeed and frees the sandbox instead of retrying it
+// forever; the agent carries out every queued DEL when it starts, and
+// again every so often. A DEL is idempotent, so one carried out late or
+// twice does no harm.
+func DelQueue(socket string) string { return filepath.Join(filepath.Dir(socket), "del-queue") }
+
+// QueueFile is the name of a queued DEL's file, "<container>_<ifname>.json",
+// or "" when either value could not safely be part of a file name (such
+// a DEL is not queued).
+func QueueFile(containerID, ifName string) string {
+	if !safeName(containerID, 128) || !safeName(ifName, 15) {
+		return ""
+	}
+	return containerID + "_" + ifName + ".json"
+}
+
+// safeName: 1 to max letters, digits, '.', '-' or '_', not starting with
+// a dot.
+func safeName(s string, max int) bool {
+	if s == "" || len(s) > max || s[0] == '.' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
