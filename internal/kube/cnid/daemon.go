@@ -64,7 +64,7 @@ type Config struct {
 	// DelQueueInterval is how often the DELs the shim queued while the
 	// agent was down are carried out, besides at start (default 30s).
 	DelQueueInterval time.Duration
-	Logger        *slog.Logger
+	Logger           *slog.Logger
 }
 
 // Daemon serves CNI requests. Build it with New; call Restore before the
