@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,9 @@ type env struct {
 	c   *kubecluster.Cluster
 	ctl *capi.Client
 	n   int
+
+	logMu sync.Mutex
+	logs  []string // the in-process reconcilers' log lines (Warn and up)
 }
 
 func start(t *testing.T, withExternal bool) *env {
@@ -114,7 +118,7 @@ func (e *env) proc(name, bin string, args ...string) *kubecluster.Process {
 func (e *env) reconciler(resync time.Duration) (stop func()) {
 	e.t.Helper()
 	r, err := services.New(services.Config{Kube: e.c.Client, Controller: e.ctl, ServiceCIDR: svcCIDR,
-		Resync: resync, Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Resync: resync, Logger: slog.New(slog.NewTextHandler(testWriter{e}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -147,11 +151,29 @@ func (e *env) reconciler(resync time.Duration) (stop func()) {
 	return stop
 }
 
-type testWriter struct{ t *testing.T }
+// testWriter logs to the test and keeps each line for logCount.
+type testWriter struct{ e *env }
 
 func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(b), "\n"))
+	line := strings.TrimRight(string(b), "\n")
+	w.e.t.Log(line)
+	w.e.logMu.Lock()
+	w.e.logs = append(w.e.logs, line)
+	w.e.logMu.Unlock()
 	return len(b), nil
+}
+
+// logCount is the number of log lines that contain s.
+func (e *env) logCount(s string) int {
+	e.logMu.Lock()
+	defer e.logMu.Unlock()
+	n := 0
+	for _, l := range e.logs {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *env) eventually(limit time.Duration, what string, f func() error) {

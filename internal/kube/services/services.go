@@ -116,6 +116,9 @@ type Reconciler struct {
 	byKey  map[string]string                      // guarded by mu; namespace/name -> lb id
 	warned map[types.UID]bool                     // guarded by mu; Services told the external network is missing
 	extOK  bool                                   // guarded by mu; the external network exists
+	// extSaid: the absence of the external network was logged; it is
+	// logged again only after it was found (guarded by mu).
+	extSaid bool
 	// waitIP: Services whose loadBalancerIP was taken, by address; they
 	// are synced again when a floating IP with that address is released.
 	waitIP map[string]map[string]bool // guarded by mu

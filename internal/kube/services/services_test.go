@@ -351,7 +351,8 @@ func TestLoadBalancerCycles(t *testing.T) {
 
 // TestNoExternalNetwork: without the external network, ClusterIPs work,
 // a LoadBalancer Service gets an Event and a False condition, and once the
-// network is created the next resync gives it an address.
+// network is created the next resync gives it an address. The absence is
+// logged once, not at every resync.
 func TestNoExternalNetwork(t *testing.T) {
 	e := start(t, false)
 	e.reconciler(time.Second)
@@ -375,4 +376,9 @@ func TestNoExternalNetwork(t *testing.T) {
 		}
 		return nil
 	})
+	// The start, the first resync and the one that found the network each
+	// looked it up.
+	if n := e.logCount("EXTERNAL NETWORK NOT FOUND"); n != 1 {
+		t.Fatalf("the missing external network was logged %d times, want once", n)
+	}
 }

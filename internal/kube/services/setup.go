@@ -149,7 +149,8 @@ func (r *Reconciler) checkServiceSubnet(sn *controllerapi.Subnet) error {
 
 // checkExternal looks the external network up. A missing one is not an
 // error: pods and ClusterIPs keep working, and the absence is said loudly
-// (here and as an Event on every LoadBalancer Service).
+// (here, once until the network appears, and as an Event on every
+// LoadBalancer Service).
 func (r *Reconciler) checkExternal(ctx context.Context) error {
 	_, err := r.c.GetExternalNetwork(ctx, r.cfg.ExternalNetwork)
 	ok := err == nil
@@ -157,14 +158,15 @@ func (r *Reconciler) checkExternal(ctx context.Context) error {
 		return fmt.Errorf("external network %s: %w", r.cfg.ExternalNetwork, err)
 	}
 	r.mu.Lock()
-	was := r.extOK
+	was, said := r.extOK, r.extSaid
 	r.extOK = ok
+	r.extSaid = !ok
 	if ok {
 		clear(r.warned)
 	}
 	r.mu.Unlock()
 	switch {
-	case !ok:
+	case !ok && !said:
 		r.log.Error("services: EXTERNAL NETWORK NOT FOUND: Services of type LoadBalancer get no floating IP "+
 			"until it is created (ClusterIPs work)", "external_network", r.cfg.ExternalNetwork)
 	case !was:
