@@ -29,11 +29,12 @@ func kurmaSetup(_ context.Context, binDir, tmp string) (setup, error) {
 		return setup{}, err
 	}
 	sock := filepath.Join(tmp, "sock", "cni.sock")
-	const ctl = "127.0.0.1:19698"
+	const ctl, metrics = "127.0.0.1:19698", "127.0.0.1:19697"
 	return setup{
 		ConfList: []byte(`{"cniVersion":"1.0.0","name":"kurma","plugins":[{"type":"kurma-k8s","socket":"` + sock + `"}]}`),
 		BinDir:   plugins,
 		Timed:    "kurma-k8s",
+		Metrics:  "http://" + metrics + "/metrics",
 		Started: func(ctx context.Context, c *kubecluster.Cluster) error {
 			tok := filepath.Join(c.Dir, "ctl-token")
 			if err := os.WriteFile(tok, []byte("kbench"), 0o600); err != nil {
@@ -44,7 +45,7 @@ func kurmaSetup(_ context.Context, binDir, tmp string) (setup, error) {
 				{"kurma-k8s-watcher", "--kubeconfig", c.Kubeconfig, "--controller", "http://" + ctl, "--token-file", tok},
 				{"kurma-agent", "--controller", "http://" + ctl, "--token-file", tok, "--host-id", c.NodeName,
 					"--underlay-ip", kubecluster.NodeIP, "--state-dir", filepath.Join(c.Dir, "kurma-agent"),
-					"--link-prefix", "kbk", "--nft-table", "kurma-bench-k8s",
+					"--link-prefix", "kbk", "--nft-table", "kurma-bench-k8s", "--metrics-listen", metrics,
 					"--k8s-node-name", c.NodeName, "--k8s-kubeconfig", c.Kubeconfig, "--k8s-cni-socket", sock},
 			} {
 				if _, err := c.StartProcess(p[0], exec.Command(filepath.Join(binDir, p[0]), p[1:]...)); err != nil {

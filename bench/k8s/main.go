@@ -7,7 +7,8 @@
 // plugin's ADD under that load, timed by a wrapper (cnitimer) around the
 // plugin. The peer is "bridge": the upstream bridge + host-local plugins;
 // "bridge-default" is containerd's default conflist (bridge with
-// masquerade, host-local, portmap).
+// masquerade, host-local, portmap); "floor" is a no-op plugin (floorcni),
+// the least any CNI can cost here.
 // Ratios against the peer are printed when more than one setup runs.
 //
 // Adding a setup (e.g. Kurma's driver): write a func of type setupFunc that
@@ -57,6 +58,9 @@ type setup struct {
 	// cluster closes (e.g. to wait until the kubelet has torn every
 	// sandbox down through an agent that Close would stop first).
 	Drained func(ctx context.Context, c *kubecluster.Cluster) error
+	// Metrics, if set, is a Prometheus /metrics URL whose ADD phase
+	// histograms (metrics.go) are printed for the burst.
+	Metrics string
 }
 
 // setupFunc prepares a setup in the scratch folder tmp.
@@ -67,6 +71,30 @@ var setups = map[string]setupFunc{
 	"bridge":         bridgeSetup,
 	"bridge-default": bridgeDefaultSetup,
 	"kurma":          kurmaSetup,
+	"floor":          floorSetup,
+}
+
+// floorSetup is a CNI that costs nothing: floorcni does no network work
+// and returns an address made from the container id, so that pods start
+// as fast as containerd, runc and the kubelet allow on this machine. Its
+// all-Running time is the least any CNI can reach here.
+func floorSetup(_ context.Context, binDir, tmp string) (setup, error) {
+	dir := filepath.Join(tmp, "floor-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return setup{}, err
+	}
+	// containerd runs the loopback plugin for lo of every sandbox.
+	if err := os.Symlink(filepath.Join(binDir, "cni", "loopback"), filepath.Join(dir, "loopback")); err != nil {
+		return setup{}, err
+	}
+	if err := buildHelper("floorcni", filepath.Join(dir, "floorcni")); err != nil {
+		return setup{}, err
+	}
+	return setup{
+		ConfList: []byte(`{"cniVersion":"1.0.0","name":"floor","plugins":[{"type":"floorcni"}]}`),
+		BinDir:   dir,
+		Timed:    "floorcni",
+	}, nil
 }
 
 // bridgeDefaultSetup is the conflist containerd ships as its default
@@ -114,8 +142,9 @@ type figures struct {
 	slo          []time.Duration // kubelet podStartSLOduration
 	add          []time.Duration // timed plugin's ADD calls
 	addFailed    int
-	deleteAll    time.Duration // delete of all → none left
-	sandboxTries int           // ADD calls per pod, on average ×100
+	deleteAll    time.Duration      // delete of all → none left
+	sandboxTries int                // ADD calls per pod, on average ×100
+	phases       [2]map[string]hist // setup.Metrics before and after the burst
 }
 
 func main() {
@@ -215,6 +244,11 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 	timings := filepath.Join(wrapped, ".timings")
 	_ = os.Remove(timings)
 	sloBefore := len(sloDurations(c))
+	if s.Metrics != "" {
+		if r.phases[0], err = scrape(ctx, c, s.Metrics); err != nil {
+			return r, err
+		}
+	}
 
 	// n pods at once; a watch started first, and drained while the pods
 	// are created (the API server drops watchers that fall behind), sees
@@ -264,6 +298,11 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 		}
 	}
 	r.all = last.Sub(start)
+	if s.Metrics != "" {
+		if r.phases[1], err = scrape(ctx, c, s.Metrics); err != nil {
+			return r, err
+		}
+	}
 	r.add, r.addFailed = readTimings(timings, "ADD")
 	r.sandboxTries = 100 * (len(r.add) + r.addFailed) / n
 	// The kubelet logs a pod's startup duration once it saw it running.
@@ -415,14 +454,23 @@ func wrapPlugin(tmp, src, timed string) (string, error) {
 			return "", err
 		}
 	}
-	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, timed), "./cnitimer")
-	cmd.Dir = filepath.Dir(file)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build cnitimer: %w: %s", err, out)
+	if err := buildHelper("cnitimer", filepath.Join(dir, timed)); err != nil {
+		return "", err
 	}
 	return dir, nil
+}
+
+// buildHelper builds the command in this benchmark's folder pkg (static,
+// as a plugin must be) into out.
+func buildHelper(pkg, out string) error {
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./"+pkg)
+	cmd.Dir = filepath.Dir(file)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %w: %s", pkg, err, b)
+	}
+	return nil
 }
 
 // readTimings returns the durations of the successful calls of command in
@@ -500,5 +548,8 @@ func report(name string, n int, r figures) {
 	fmt.Printf("  CNI ADD under load (%d ok, %d failed, %.2f per pod): p50 %s, p90 %s, p99 %s, max %s\n",
 		len(r.add), r.addFailed, float64(r.sandboxTries)/100, ms(pct(r.add, 50)), ms(pct(r.add, 90)),
 		ms(pct(r.add, 99)), ms(pct(r.add, 100)))
+	if r.phases[1] != nil {
+		printPhases(r.phases[0], r.phases[1])
+	}
 	fmt.Printf("  delete all → none left %s\n", ms(r.deleteAll))
 }

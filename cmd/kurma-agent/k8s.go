@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -20,6 +21,7 @@ type k8sOpts struct {
 	node, kubeconfig, socket, hostID, stateDir string
 	timeout                                    time.Duration
 	binDir, confDir                            string
+	metrics                                    prometheus.Registerer
 }
 
 // newCNID builds the CNI daemon of Kubernetes mode, installing the shim
@@ -51,7 +53,7 @@ func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) 
 		return nil, err
 	}
 	return cnid.New(cnid.Config{Kube: kc, NodeName: o.node, HostID: o.hostID, Agent: a, Socket: o.socket,
-		StateDir: o.stateDir, AnnotationTimeout: o.timeout, Logger: log})
+		StateDir: o.stateDir, AnnotationTimeout: o.timeout, Logger: log, Metrics: o.metrics})
 }
 
 // installShim copies the kurma-k8s binary that sits next to this one into

@@ -150,7 +150,7 @@ func run() error {
 		return err
 	}
 	d, err := newCNID(k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
-		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir}, a, log)
+		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, metrics: reg}, a, log)
 	if err != nil {
 		return err
 	}

@@ -81,9 +81,10 @@ type Agent struct {
 	q   *queue
 	m   *metrics // nil without Config.Metrics
 
-	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters
+	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters, awaiting
 	attach   map[string]Attachment            // local attachments by port id (LocalAttach)
 	waiters  map[string][]chan plugResult     // callers of Attach/Detach by port id
+	awaiting map[string]time.Time             // Attach calls waiting for their port to arrive, since when
 	ports    map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
 	hosts    map[string]net.IP                // underlay address by host id
 	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
@@ -132,7 +133,7 @@ func New(cfg Config) (*Agent, error) {
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
 		lb:     newLBCache(),
-		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{},
+		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{},
 	}, nil
 }
 
@@ -212,10 +213,11 @@ func (a *Agent) register(ctx context.Context) error {
 
 func (a *Agent) work(ctx context.Context) {
 	for {
-		key, ok := a.q.Get()
+		key, waited, ok := a.q.GetWaited()
 		if !ok {
 			return
 		}
+		a.m.observeWait(key, waited)
 		start := time.Now()
 		err := a.sync(ctx, key)
 		a.m.observeSync(key, start, err)

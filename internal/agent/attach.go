@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
@@ -61,14 +62,25 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 	if at.NetNS == "" || at.NetNS[0] != '/' || at.IfName == "" {
 		return controllerapi.Port{}, kerrors.New(kerrors.Invalid, "attach port %s: want an absolute netns path and an interface name", portID)
 	}
+	start := time.Now()
 	ch := make(chan plugResult, 1)
 	a.mu.Lock()
 	a.attach[portID] = at
-	if p := a.ports[portID]; p != nil && a.isLocal(p) {
-		p.NetworkNS, p.VethName = at.NetNS, at.IfName
+	if p := a.ports[portID]; p != nil {
+		if a.isLocal(p) {
+			p.NetworkNS, p.VethName = at.NetNS, at.IfName
+		}
+		a.m.observeAttach("port_wait", 0)
+	} else if _, ok := a.awaiting[portID]; !ok {
+		a.awaiting[portID] = start // upsertPort observes the wait
 	}
 	a.waiters[portID] = append(a.waiters[portID], ch)
 	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.awaiting, portID)
+		a.mu.Unlock()
+	}()
 	a.q.Add(portKey(portID))
 	for {
 		select {
@@ -80,6 +92,7 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 				return controllerapi.Port{}, fmt.Errorf("attach port %s: %w", portID, r.err)
 			}
 			if r.plugged {
+				a.m.observeAttach("plugged", time.Since(start))
 				p, _ := a.cachedPort(portID)
 				return p, nil
 			}

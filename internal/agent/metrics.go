@@ -15,6 +15,8 @@ type metrics struct {
 	sync   *prometheus.HistogramVec
 	errors *prometheus.CounterVec
 	plug   *prometheus.HistogramVec
+	wait   *prometheus.HistogramVec // queue wait by kind of key
+	attach *prometheus.HistogramVec // Attach phases
 }
 
 // latencyBuckets span a fast plug (a veth move, ~1 ms) to a slow VPC
@@ -37,8 +39,18 @@ func newMetrics(reg prometheus.Registerer, q *queue) *metrics {
 			Name: "kurma_agent_port_plug_duration_seconds", Help: "Time the datapath took to plug a port into its pod, by result.",
 			Buckets: latencyBuckets,
 		}, []string{"result"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kurma_agent_queue_wait_seconds", Help: "Time a key waited in the queue before a worker took it, by kind (port, vpc, guards, lb).",
+			Buckets: latencyBuckets,
+		}, []string{"kind"}),
+		attach: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kurma_agent_attach_seconds",
+			Help: "Phases of an Attach (a Kubernetes ADD's plug): port_wait, until the controller's feed has delivered the port (0 when it already had); " +
+				"plugged, from the call until the port is plugged; by phase.",
+			Buckets: latencyBuckets,
+		}, []string{"phase"}),
 	}
-	reg.MustRegister(m.sync, m.errors, m.plug,
+	reg.MustRegister(m.sync, m.errors, m.plug, m.wait, m.attach,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kurma_agent_queue_depth", Help: "Keys waiting to be synced (delayed retries not counted).",
 		}, func() float64 { return float64(q.Len()) }))
@@ -55,16 +67,36 @@ func result(err error) string {
 	return "ok"
 }
 
+func kindOf(key string) string {
+	k, _, _ := strings.Cut(key, "/")
+	if kind := keyKinds[k]; kind != "" {
+		return kind
+	}
+	return "other"
+}
+
+// observeWait records how long key waited in the queue.
+func (m *metrics) observeWait(key string, waited time.Duration) {
+	if m == nil {
+		return
+	}
+	m.wait.WithLabelValues(kindOf(key)).Observe(waited.Seconds())
+}
+
+// observeAttach records one phase of an Attach.
+func (m *metrics) observeAttach(phase string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.attach.WithLabelValues(phase).Observe(d.Seconds())
+}
+
 // observeSync records one sync of key that started at start.
 func (m *metrics) observeSync(key string, start time.Time, err error) {
 	if m == nil {
 		return
 	}
-	k, _, _ := strings.Cut(key, "/")
-	kind := keyKinds[k]
-	if kind == "" {
-		kind = "other"
-	}
+	kind := kindOf(key)
 	m.sync.WithLabelValues(kind, result(err)).Observe(time.Since(start).Seconds())
 	if err != nil {
 		m.errors.WithLabelValues(kind).Inc()

@@ -14,6 +14,7 @@ type queue struct {
 	cond       *sync.Cond // signalled when items grows or the queue shuts down
 	items      []string   // keys ready to hand out, in order
 	dirty      map[string]bool
+	queuedAt   map[string]time.Time // when each dirty key was first added, for the wait metric
 	processing map[string]bool
 	failures   map[string]int // consecutive failures, for backoff
 	timers     map[string]*time.Timer
@@ -24,7 +25,7 @@ type queue struct {
 
 func newQueue(base, max time.Duration) *queue {
 	q := &queue{
-		dirty: map[string]bool{}, processing: map[string]bool{},
+		dirty: map[string]bool{}, processing: map[string]bool{}, queuedAt: map[string]time.Time{},
 		failures: map[string]int{}, timers: map[string]*time.Timer{},
 		base: base, max: max,
 	}
@@ -44,6 +45,7 @@ func (q *queue) addLocked(key string) {
 		return
 	}
 	q.dirty[key] = true
+	q.queuedAt[key] = time.Now()
 	if q.processing[key] {
 		return // handed out again by Done
 	}
@@ -102,18 +104,27 @@ func (q *queue) Forget(key string) {
 
 // Get blocks until a key is ready or the queue shuts down (ok false).
 func (q *queue) Get() (key string, ok bool) {
+	key, _, ok = q.GetWaited()
+	return key, ok
+}
+
+// GetWaited is Get that also says how long the key waited since it was
+// added (for a key added while it was processed: since that add).
+func (q *queue) GetWaited() (key string, waited time.Duration, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.items) == 0 && !q.shutdown {
 		q.cond.Wait()
 	}
 	if q.shutdown {
-		return "", false
+		return "", 0, false
 	}
 	key, q.items = q.items[0], q.items[1:]
 	delete(q.dirty, key)
+	waited = time.Since(q.queuedAt[key])
+	delete(q.queuedAt, key)
 	q.processing[key] = true
-	return key, true
+	return key, waited, true
 }
 
 // Done marks key processed; if it was added meanwhile it is queued again.

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"net"
 	"slices"
+	"time"
 
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -125,6 +126,10 @@ func (a *Agent) upsertPort(p *controllerapi.Port) {
 	cp := *p
 	a.withAttachmentLocked(&cp)
 	a.ports[p.ID] = &cp
+	if since, ok := a.awaiting[p.ID]; ok {
+		delete(a.awaiting, p.ID)
+		a.m.observeAttach("port_wait", time.Since(since))
+	}
 	a.mu.Unlock()
 	if old != nil && !datapathChange(old, &cp) {
 		return // e.g. our own status report coming back

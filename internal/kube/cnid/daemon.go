@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,6 +66,9 @@ type Config struct {
 	// agent was down are carried out, besides at start (default 30s).
 	DelQueueInterval time.Duration
 	Logger           *slog.Logger
+	// Metrics, when set, gets the daemon's Prometheus metrics
+	// (metrics.go).
+	Metrics prometheus.Registerer
 }
 
 // Daemon serves CNI requests. Build it with New; call Restore before the
@@ -72,6 +76,7 @@ type Config struct {
 type Daemon struct {
 	cfg  Config
 	log  *slog.Logger
+	m    *metrics // nil without Config.Metrics
 	st   store
 	pods listersv1.PodLister
 	inf  cache.SharedIndexInformer
@@ -114,7 +119,7 @@ func New(cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cnid: state dir: %w", err)
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Logger, st: store{cfg.StateDir},
+	d := &Daemon{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Metrics), st: store{cfg.StateDir},
 		records: map[string]*record{}, waiters: map[string][]chan struct{}{}}
 	d.fac = informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {

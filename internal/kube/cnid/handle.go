@@ -62,6 +62,7 @@ func (d *Daemon) Handle(ctx context.Context, req *cniwire.Request) cniwire.Respo
 	}
 	start := time.Now()
 	out, err := d.verb(ctx, cmd, req.Env, &conf, req.Stdin)
+	d.m.observeRequest(cmd, start, err)
 	d.log.Debug("cnid: request", "cmd", cmd, "container", req.Env["CNI_CONTAINERID"], "took", time.Since(start), "err", err)
 	if err != nil {
 		var te *types.Error
@@ -192,10 +193,12 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	if _, err := os.Stat(netnsPath); err != nil {
 		return nil, cniError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS", err.Error())
 	}
+	start := time.Now()
 	pod, n, err := d.waitAnnotation(ctx, a)
 	if err != nil {
 		return nil, err
 	}
+	d.m.observePhase("annotation", time.Since(start))
 	rec := &record{ContainerID: cid, IfName: ifname, NetNS: netnsPath, PortID: n.PortID,
 		Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID)}
 	if err := d.st.save(rec); err != nil {
@@ -213,9 +216,11 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	}()
 	actx, cancel := context.WithTimeout(ctx, d.cfg.AttachTimeout)
 	defer cancel()
+	start = time.Now()
 	if _, err := d.cfg.Agent.Attach(actx, n.PortID, agent.Attachment{NetNS: netnsPath, IfName: ifname}); err != nil {
 		return nil, d.agentError("plug port "+n.PortID, err)
 	}
+	d.m.observePhase("attach", time.Since(start))
 	res, err := result(n, ifname, netnsPath)
 	if err != nil {
 		return nil, err
