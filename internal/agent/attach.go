@@ -81,7 +81,7 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 		delete(a.awaiting, portID)
 		a.mu.Unlock()
 	}()
-	a.q.Add(portKey(portID))
+	a.q.AddUrgent(portKey(portID)) // a CNI ADD or DEL waits on it
 	for {
 		select {
 		case <-ctx.Done():
@@ -121,7 +121,7 @@ func (a *Agent) Detach(ctx context.Context, portID string) error {
 	}
 	a.waiters[portID] = append(a.waiters[portID], ch)
 	a.mu.Unlock()
-	a.q.Add(portKey(portID))
+	a.q.AddUrgent(portKey(portID)) // a CNI ADD or DEL waits on it
 	for {
 		select {
 		case <-ctx.Done():

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -8,11 +9,15 @@ import (
 // queue is a work queue of keys in the style of client-go's: a key is
 // queued at most once however often it is added, is never handed to two
 // workers at once, and a key added while it is being processed is handed
-// out again after Done. Adding is cheap and never blocks.
+// out again after Done. Adding is cheap and never blocks. Urgent keys (a
+// caller waits on them: a CNI ADD's plug) are handed out before the
+// others, in the order they were made urgent.
 type queue struct {
 	mu         sync.Mutex // guards every field below
 	cond       *sync.Cond // signalled when items grows or the queue shuts down
-	items      []string   // keys ready to hand out, in order
+	urgent     []string   // urgent keys ready to hand out, in order
+	items      []string   // other keys ready to hand out, in order
+	isUrgent   map[string]bool
 	dirty      map[string]bool
 	queuedAt   map[string]time.Time // when each dirty key was first added, for the wait metric
 	processing map[string]bool
@@ -25,7 +30,7 @@ type queue struct {
 
 func newQueue(base, max time.Duration) *queue {
 	q := &queue{
-		dirty: map[string]bool{}, processing: map[string]bool{}, queuedAt: map[string]time.Time{},
+		dirty: map[string]bool{}, processing: map[string]bool{}, queuedAt: map[string]time.Time{}, isUrgent: map[string]bool{},
 		failures: map[string]int{}, timers: map[string]*time.Timer{},
 		base: base, max: max,
 	}
@@ -51,6 +56,33 @@ func (q *queue) addLocked(key string) {
 	}
 	q.items = append(q.items, key)
 	q.cond.Signal()
+}
+
+// AddUrgent queues key ahead of every key that is not urgent. A key
+// already waiting moves to the urgent line; one being processed is handed
+// out again, urgently, after Done.
+func (q *queue) AddUrgent(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.shutdown || q.isUrgent[key] {
+		return
+	}
+	q.isUrgent[key] = true
+	if q.dirty[key] && !q.processing[key] {
+		if i := slices.Index(q.items, key); i >= 0 {
+			q.items = slices.Delete(q.items, i, i+1)
+		}
+		q.urgent = append(q.urgent, key)
+		return
+	}
+	if !q.dirty[key] {
+		q.dirty[key] = true
+		q.queuedAt[key] = time.Now()
+		if !q.processing[key] {
+			q.urgent = append(q.urgent, key)
+			q.cond.Signal()
+		}
+	}
 }
 
 // Retry queues key after its backoff delay (doubling per consecutive
@@ -113,14 +145,19 @@ func (q *queue) Get() (key string, ok bool) {
 func (q *queue) GetWaited() (key string, waited time.Duration, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.items) == 0 && !q.shutdown {
+	for len(q.urgent) == 0 && len(q.items) == 0 && !q.shutdown {
 		q.cond.Wait()
 	}
 	if q.shutdown {
 		return "", 0, false
 	}
-	key, q.items = q.items[0], q.items[1:]
+	if len(q.urgent) > 0 {
+		key, q.urgent = q.urgent[0], q.urgent[1:]
+	} else {
+		key, q.items = q.items[0], q.items[1:]
+	}
 	delete(q.dirty, key)
+	delete(q.isUrgent, key)
 	waited = time.Since(q.queuedAt[key])
 	delete(q.queuedAt, key)
 	q.processing[key] = true
@@ -133,7 +170,11 @@ func (q *queue) Done(key string) {
 	defer q.mu.Unlock()
 	delete(q.processing, key)
 	if q.dirty[key] && !q.shutdown {
-		q.items = append(q.items, key)
+		if q.isUrgent[key] {
+			q.urgent = append(q.urgent, key)
+		} else {
+			q.items = append(q.items, key)
+		}
 		q.cond.Signal()
 	}
 }
@@ -142,7 +183,7 @@ func (q *queue) Done(key string) {
 func (q *queue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.items)
+	return len(q.urgent) + len(q.items)
 }
 
 // Shutdown wakes every Get with ok false and drops pending retries.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,5 +92,40 @@ func TestQueueAddAfter(t *testing.T) {
 	q.Done("a")
 	if q.Len() != 0 {
 		t.Fatalf("delayed add counted twice: len %d", q.Len())
+	}
+}
+
+func TestQueueUrgent(t *testing.T) {
+	q := newQueue(time.Millisecond, 10*time.Millisecond)
+	defer q.Shutdown()
+	for _, k := range []string{"a", "b", "c"} {
+		q.Add(k)
+	}
+	q.AddUrgent("c") // waiting: moves ahead
+	q.AddUrgent("d") // new: ahead of a and b, behind c
+	q.Add("d")       // already queued: stays urgent
+	if q.Len() != 4 {
+		t.Fatalf("len %d, want 4", q.Len())
+	}
+	var got []string
+	for range 2 {
+		k, _ := q.Get()
+		got = append(got, k)
+	}
+	// c is being processed; made urgent again, it comes back before b
+	// after Done.
+	q.AddUrgent("c")
+	k, _ := q.Get()
+	got = append(got, k)
+	q.Done("c")
+	for q.Len() > 0 {
+		k, _ := q.Get()
+		got = append(got, k)
+	}
+	if want := "c d a c b"; strings.Join(got, " ") != want {
+		t.Fatalf("order %v, want %s", got, want)
+	}
+	if _, waited, _ := func() (string, time.Duration, bool) { q.Add("e"); return q.GetWaited() }(); waited < 0 || waited > time.Second {
+		t.Fatalf("waited %v", waited)
 	}
 }

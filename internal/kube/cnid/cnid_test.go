@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -78,7 +80,8 @@ func TestDriver(t *testing.T) {
 		}
 	}
 	e.StartWatcher()
-	a := e.StartAgent("n1", kubecluster.NodeIP, "--k8s-annotation-timeout", "2s")
+	const metricsAddr = "127.0.0.1:19796"
+	a := e.StartAgent("n1", kubecluster.NodeIP, "--k8s-annotation-timeout", "2s", "--metrics-listen", metricsAddr)
 	e.Namespace("drv")
 	pconf := `{"cniVersion":"1.1.0","name":"kurma","type":"kurma-k8s","socket":"` + a.Socket + `"}`
 
@@ -128,6 +131,20 @@ func TestDriver(t *testing.T) {
 		}
 		if out, code := shim(t, e, call{"CHECK", p.cid, p.netns, cniArgs("drv", p.name, p.uid), withPrev(pconf, out)}); code != 0 {
 			t.Fatalf("CHECK %s: %s", p.name, out)
+		}
+	}
+	// The ADDs' phases are on the agent's /metrics.
+	body := scrape(t, e, "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{
+		`kurma_cni_request_seconds_count{command="ADD",result="ok"} 2`,
+		`kurma_cni_add_phase_seconds_count{phase="annotation"} 2`,
+		`kurma_cni_add_phase_seconds_count{phase="attach"} 2`,
+		`kurma_agent_attach_seconds_count{phase="plugged"} 2`,
+		`kurma_agent_attach_seconds_count{phase="port_wait"} 2`,
+		`kurma_agent_queue_wait_seconds_count{kind="port"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("agent metrics lack %q", want)
 		}
 	}
 	ip2 := pods[1].res.IPs[0].Address.IP.String()
@@ -233,6 +250,24 @@ func TestDriver(t *testing.T) {
 	if len(ents) != 0 {
 		t.Fatalf("attachment records left: %v", ents)
 	}
+}
+
+// scrape GETs url from inside the cluster's network namespace, where the
+// agent runs.
+func scrape(t *testing.T, e *kubetest.Env, url string) string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: e.C.DialContext}, Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v", url, resp.Status, err)
+	}
+	return string(b)
 }
 
 func withPrev(conf string, res []byte) string {
