@@ -25,7 +25,8 @@ var phaseSeries = []struct{ label, family, match string }{
 	{"  annotation wait", "kurma_cni_add_phase_seconds", "phase=annotation"},
 	{"  attach (agent plug)", "kurma_cni_add_phase_seconds", "phase=attach"},
 	{"    port not yet on the feed", "kurma_agent_attach_seconds", "phase=port_wait"},
-	{"    port key queue wait", "kurma_agent_queue_wait_seconds", "kind=port"},
+	{"    urgent port key queue wait", "kurma_agent_queue_wait_seconds", "kind=port,urgent=true"},
+	{"    other port keys' queue wait", "kurma_agent_queue_wait_seconds", "kind=port,urgent=false"},
 	{"    port sync (plug + report)", "kurma_agent_sync_duration_seconds", "kind=port,result=ok"},
 	{"    datapath plug", "kurma_agent_port_plug_duration_seconds", "result=ok"},
 }

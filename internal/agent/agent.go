@@ -213,11 +213,11 @@ func (a *Agent) register(ctx context.Context) error {
 
 func (a *Agent) work(ctx context.Context) {
 	for {
-		key, waited, ok := a.q.GetWaited()
+		key, waited, urgent, ok := a.q.GetWaited()
 		if !ok {
 			return
 		}
-		a.m.observeWait(key, waited)
+		a.m.observeWait(key, waited, urgent)
 		start := time.Now()
 		err := a.sync(ctx, key)
 		a.m.observeSync(key, start, err)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,9 +41,9 @@ func newMetrics(reg prometheus.Registerer, q *queue) *metrics {
 			Buckets: latencyBuckets,
 		}, []string{"result"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kurma_agent_queue_wait_seconds", Help: "Time a key waited in the queue before a worker took it, by kind (port, vpc, guards, lb).",
+			Name: "kurma_agent_queue_wait_seconds", Help: "Time a key waited in the queue before a worker took it, by kind (port, vpc, guards, lb) and urgency (a CNI ADD or DEL waits on an urgent key).",
 			Buckets: latencyBuckets,
-		}, []string{"kind"}),
+		}, []string{"kind", "urgent"}),
 		attach: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kurma_agent_attach_seconds",
 			Help: "Phases of an Attach (a Kubernetes ADD's plug): port_wait, until the controller's feed has delivered the port (0 when it already had); " +
@@ -76,11 +77,11 @@ func kindOf(key string) string {
 }
 
 // observeWait records how long key waited in the queue.
-func (m *metrics) observeWait(key string, waited time.Duration) {
+func (m *metrics) observeWait(key string, waited time.Duration, urgent bool) {
 	if m == nil {
 		return
 	}
-	m.wait.WithLabelValues(kindOf(key)).Observe(waited.Seconds())
+	m.wait.WithLabelValues(kindOf(key), strconv.FormatBool(urgent)).Observe(waited.Seconds())
 }
 
 // observeAttach records one phase of an Attach.

@@ -136,23 +136,25 @@ func (q *queue) Forget(key string) {
 
 // Get blocks until a key is ready or the queue shuts down (ok false).
 func (q *queue) Get() (key string, ok bool) {
-	key, _, ok = q.GetWaited()
+	key, _, _, ok = q.GetWaited()
 	return key, ok
 }
 
 // GetWaited is Get that also says how long the key waited since it was
-// added (for a key added while it was processed: since that add).
-func (q *queue) GetWaited() (key string, waited time.Duration, ok bool) {
+// added (for a key added while it was processed: since that add), and
+// whether it was urgent.
+func (q *queue) GetWaited() (key string, waited time.Duration, urgent, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.urgent) == 0 && len(q.items) == 0 && !q.shutdown {
 		q.cond.Wait()
 	}
 	if q.shutdown {
-		return "", 0, false
+		return "", 0, false, false
 	}
 	if len(q.urgent) > 0 {
 		key, q.urgent = q.urgent[0], q.urgent[1:]
+		urgent = true
 	} else {
 		key, q.items = q.items[0], q.items[1:]
 	}
@@ -161,7 +163,7 @@ func (q *queue) GetWaited() (key string, waited time.Duration, ok bool) {
 	waited = time.Since(q.queuedAt[key])
 	delete(q.queuedAt, key)
 	q.processing[key] = true
-	return key, waited, true
+	return key, waited, urgent, true
 }
 
 // Done marks key processed; if it was added meanwhile it is queued again.

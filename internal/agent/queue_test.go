@@ -125,7 +125,7 @@ func TestQueueUrgent(t *testing.T) {
 	if want := "c d a c b"; strings.Join(got, " ") != want {
 		t.Fatalf("order %v, want %s", got, want)
 	}
-	if _, waited, _ := func() (string, time.Duration, bool) { q.Add("e"); return q.GetWaited() }(); waited < 0 || waited > time.Second {
+	if _, waited, _, _ := func() (string, time.Duration, bool, bool) { q.Add("e"); return q.GetWaited() }(); waited < 0 || waited > time.Second {
 		t.Fatalf("waited %v", waited)
 	}
 }

@@ -141,7 +141,7 @@ func TestDriver(t *testing.T) {
 		`kurma_cni_add_phase_seconds_count{phase="attach"} 2`,
 		`kurma_agent_attach_seconds_count{phase="plugged"} 2`,
 		`kurma_agent_attach_seconds_count{phase="port_wait"} 2`,
-		`kurma_agent_queue_wait_seconds_count{kind="port"}`,
+		`kurma_agent_queue_wait_seconds_count{kind="port",urgent="true"}`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("agent metrics lack %q", want)
