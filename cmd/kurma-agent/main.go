@@ -63,6 +63,7 @@ func run() error {
 		extIface      = flag.String("external-interface", "", "interface toward the external network, where floating IPs are answered (empty: no floating IPs)")
 		verbose       = flag.Bool("v", false, "debug logging")
 		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
+		pprofOn       = flag.Bool("pprof", false, "also serve Go's /debug/pprof/ on --metrics-listen (profiles reveal internals: keep the listener local)")
 
 		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
 		k8sKubeconfig = flag.String("k8s-kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
@@ -142,7 +143,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	serveMetrics(ctx, *metricsAddr, reg, a.Synced(), log)
+	serveMetrics(ctx, *metricsAddr, reg, a.Synced(), *pprofOn, log)
 	log.Info("kurma-agent starting", "host", *hostID, "controller", *controllerURL, "underlay_ip", ip)
 	if *k8sNode == "" {
 		err = a.Run(ctx)

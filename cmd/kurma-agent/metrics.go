@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"kurma.dev/kurma/internal/debugpprof"
 )
 
 // newRegistry is the agent's Prometheus registry: the agent's own metrics
@@ -22,10 +24,11 @@ func newRegistry() *prometheus.Registry {
 }
 
 // serveMetrics serves GET /metrics and GET /healthz (200 once the agent has
-// listed its ports, 503 before) on addr until ctx ends. An address that
+// listed its ports, 503 before), and with pprof Go's /debug/pprof/, on
+// addr until ctx ends. An address that
 // cannot be bound (another agent's metrics on this host) is logged, not
 // fatal: the datapath matters more than its figures.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, synced <-chan struct{}, log *slog.Logger) {
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, synced <-chan struct{}, pprof bool, log *slog.Logger) {
 	if addr == "" {
 		return
 	}
@@ -44,6 +47,9 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, sy
 			http.Error(w, "not synced yet", http.StatusServiceUnavailable)
 		}
 	})
+	if pprof {
+		debugpprof.Register(mux)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Info("metrics listening", "addr", l.Addr().String())
 	go func() {

@@ -14,6 +14,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/internal/kube/watcher"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -58,6 +61,7 @@ func run() error {
 		extNet        = flag.String("external-network", "public", "controller external network floating IPs of LoadBalancer Services come from")
 		lbClass       = flag.String("load-balancer-class", "kurma.dev/floating-ip", "loadBalancerClass served besides unset")
 		svcLease      = flag.String("services-lease-name", "kurma-k8s-services", "name of the Services reconciler's leader Lease")
+		debugListen   = flag.String("debug-listen", "", "address serving Go's /debug/pprof/ (empty: none; profiles reveal internals, keep it local)")
 		verbose       = flag.Bool("v", false, "debug logging")
 	)
 	flag.Parse()
@@ -137,6 +141,11 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *debugListen != "" {
+		if err := serveDebug(ctx, *debugListen, log); err != nil {
+			return fmt.Errorf("--debug-listen: %w", err)
+		}
+	}
 	log.Info("kurma-k8s-watcher starting", "controller", *controllerURL, "project", *project, "vpc", *vpc,
 		"pool", pfx, "leader_elect", *leaderElect, "service_cidr", *serviceCIDR)
 	err = runBoth(ctx, w.Run, svc)
@@ -145,6 +154,28 @@ func run() error {
 	}
 	log.Info("kurma-k8s-watcher stopped", "err", err)
 	return err
+}
+
+// serveDebug serves /debug/pprof/ on addr until ctx ends.
+func serveDebug(ctx context.Context, addr string, log *slog.Logger) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	debugpprof.Register(mux)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("debug server", "err", err)
+		}
+	}()
+	log.Info("debug listening", "addr", l.Addr().String())
+	return nil
 }
 
 // runBoth runs the pod watcher and, when configured, the Services

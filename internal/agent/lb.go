@@ -92,6 +92,18 @@ func newLBCache() lbCache {
 		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{}}
 }
 
+// slimLB copies what the agent reads of a load balancer (id, revision,
+// VNI, VIP, listeners, members' address and port, persistence): the
+// cache holds every load balancer of the controller.
+func slimLB(l *controllerapi.LoadBalancer) *controllerapi.LoadBalancer {
+	ms := make([]controllerapi.Member, len(l.Members))
+	for i, m := range l.Members {
+		ms[i] = controllerapi.Member{Address: m.Address, Port: m.Port}
+	}
+	return &controllerapi.LoadBalancer{ID: l.ID, RevisionNumber: l.RevisionNumber, VNI: l.VNI, VIPAddress: l.VIPAddress,
+		Listeners: slices.Clip(l.Listeners), Members: ms, SessionPersistence: l.SessionPersistence}
+}
+
 // lbEnabled reports whether the agent programs load balancers.
 func (a *Agent) lbEnabled() bool {
 	_, w := a.c.(lbWatcher)
@@ -122,8 +134,7 @@ func (a *Agent) watchLBs(ctx context.Context) {
 				if ev.Type == controllerapi.EventDeleted {
 					delete(c.lbs, l.ID)
 				} else {
-					cp := *l
-					c.lbs[l.ID] = &cp
+					c.lbs[l.ID] = slimLB(l)
 				}
 				c.dirtyLB[l.ID] = true
 				// Its FIPs gain or lose their target.

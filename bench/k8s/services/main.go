@@ -23,6 +23,10 @@
 // timed interval. The two run one after the other against the same API
 // server and objects (so they do not share the 2 cores while timed).
 //
+// With -profile DIR, the watcher and agent serve /debug/pprof/ and log
+// every GC (GODEBUG=gctrace=1); at the (e) reading, their heap profiles
+// (inuse and alloc since start), MemStats and logs are saved in DIR.
+//
 // Run as root after `make build`: go run ./bench/k8s/services [-sizes 1000,10000].
 package main
 
@@ -33,6 +37,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"os"
@@ -70,6 +75,7 @@ const (
 func main() {
 	sizes := flag.String("sizes", "1000,10000", "numbers of Services present, comma-separated")
 	adds := flag.Int("adds", 20, "single adds and endpoint replacements timed per size")
+	profile := flag.String("profile", "", "save heap profiles, MemStats and GC traces of watcher and agent in this directory")
 	flag.Parse()
 	var ns []int
 	for _, f := range strings.Split(*sizes, ",") {
@@ -80,7 +86,13 @@ func main() {
 		}
 		ns = append(ns, n)
 	}
-	if err := run(context.Background(), ns, *adds); err != nil {
+	if *profile != "" {
+		if err := os.MkdirAll(*profile, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	if err := run(context.Background(), ns, *adds, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -106,16 +118,23 @@ type bench struct {
 	created int // Services made so far (s-0 … s-created-1)
 	seq     int
 	procs   map[string]*kubecluster.Process
+	profile string // -profile directory, or ""
 }
 
-func run(ctx context.Context, sizes []int, adds int) error {
+// Debug listeners of watcher and agent with -profile.
+const (
+	agentDebug   = "127.0.0.1:19697"
+	watcherDebug = "127.0.0.1:19699"
+)
+
+func run(ctx context.Context, sizes []int, adds int, profile string) error {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
 		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}}
+	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -233,7 +252,11 @@ func (b *bench) setup(ctx context.Context) error {
 }
 
 func (b *bench) start(name, bin string, args ...string) error {
-	p, err := b.c.StartProcess(name+"-"+strconv.Itoa(len(b.c.Processes())), exec.Command(bin, args...))
+	cmd := exec.Command(bin, args...)
+	if b.profile != "" && (name == "agent" || name == "watcher") {
+		cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+	}
+	p, err := b.c.StartProcess(name+"-"+strconv.Itoa(len(b.c.Processes())), cmd)
 	if err != nil {
 		return err
 	}
@@ -260,15 +283,57 @@ func (b *bench) stopAll() {
 
 func (b *bench) startAgent() error {
 	st := filepath.Join(b.dir, "agent")
-	return b.start("agent", filepath.Join(b.c.BinDir, "kurma-agent"), "--controller", "http://"+ctlAddr,
+	args := []string{"--controller", "http://" + ctlAddr,
 		"--token-file", filepath.Join(b.dir, "ctl-token"), "--host-id", "bench", "--underlay-ip", "192.0.2.1",
-		"--underlay-dev", "kbsu0", "--state-dir", st, "--link-prefix", prefix, "--nft-table", nftTable, "--lb-nft-table", lbTable, "--resync", "600s")
+		"--underlay-dev", "kbsu0", "--state-dir", st, "--link-prefix", prefix, "--nft-table", nftTable, "--lb-nft-table", lbTable, "--resync", "600s"}
+	if b.profile != "" {
+		args = append(args, "--metrics-listen", agentDebug, "--pprof")
+	}
+	return b.start("agent", filepath.Join(b.c.BinDir, "kurma-agent"), args...)
 }
 
 func (b *bench) startWatcher() error {
-	return b.start("watcher", filepath.Join(b.c.BinDir, "kurma-k8s-watcher"), "--kubeconfig", b.c.Kubeconfig,
-		"--controller", "http://"+ctlAddr, "--token-file", filepath.Join(b.dir, "ctl-token"),
-		"--service-cidr", kubecluster.ServiceCIDR, "--resync", "600s")
+	args := []string{"--kubeconfig", b.c.Kubeconfig,
+		"--controller", "http://" + ctlAddr, "--token-file", filepath.Join(b.dir, "ctl-token"),
+		"--service-cidr", kubecluster.ServiceCIDR, "--resync", "600s"}
+	if b.profile != "" {
+		args = append(args, "--debug-listen", watcherDebug)
+	}
+	return b.start("watcher", filepath.Join(b.c.BinDir, "kurma-k8s-watcher"), args...)
+}
+
+// saveProfiles writes, for -profile, the heap profile (inuse and alloc
+// since start), the MemStats text and the log (GC trace) of the watcher
+// and the agent, as <proc>-<n>-<what>.
+func (b *bench) saveProfiles(ctx context.Context, n int) error {
+	hc := &http.Client{Transport: &http.Transport{DialContext: b.c.DialContext}, Timeout: time.Minute}
+	for name, addr := range map[string]string{"agent": agentDebug, "watcher": watcherDebug} {
+		base := filepath.Join(b.profile, name+"-"+strconv.Itoa(n))
+		for suffix, path := range map[string]string{".heap.pb.gz": "/debug/pprof/heap", ".heap.txt": "/debug/pprof/heap?debug=1"} {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				return fmt.Errorf("%s profile: %w", name, err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(base+suffix, body, 0o644); err != nil {
+				return err
+			}
+		}
+		if p := b.procs[name]; p != nil && p.Log != "" {
+			if lb, err := os.ReadFile(p.Log); err == nil {
+				_ = os.WriteFile(base+".log", lb, 0o644)
+			}
+		}
+	}
+	return nil
 }
 
 // svcAndSlice creates Service i's slice (2 endpoints) and then the Service.
@@ -450,6 +515,11 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	arss, _ := hwm(b.procs["agent"])
 	r.rssKiB = wrss + arss
 	fmt.Printf("  (e) ours peak RSS watcher %.0f MiB + agent %.0f MiB\n", float64(wrss)/1024, float64(arss)/1024)
+	if b.profile != "" {
+		if err := b.saveProfiles(ctx, n); err != nil {
+			return r, err
+		}
+	}
 
 	// (d) ours: kill -9 both, delete the agent's tables, start both.
 	b.kill("watcher")

@@ -2,6 +2,8 @@ package services
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -244,20 +246,6 @@ func normalize(lb *capi.LoadBalancer) (ls []capi.Listener, ms []capi.Member) {
 	return ls, ms
 }
 
-func samePersistence(a, b *capi.SessionPersistence) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	ta, tb := a.Timeout, b.Timeout
-	if ta == 0 {
-		ta = DefaultAffinityTimeout
-	}
-	if tb == 0 {
-		tb = DefaultAffinityTimeout
-	}
-	return strings.EqualFold(a.Type, b.Type) && ta == tb
-}
-
 // sameMembers compares member sets ignoring PortID when one side lacks it
 // (informational only).
 func sameMembers(a, b []capi.Member) bool {
@@ -267,3 +255,65 @@ func sameMembers(a, b []capi.Member) bool {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// lbPrint is what the reconciler keeps of a load balancer the controller
+// holds: its VIP and digests of the rest in canonical form, enough to
+// tell whether it equals a wanted one and which request fixes it (a
+// member replacement when only the members differ). Keeping this instead
+// of the controller's object is a few dozen bytes per Service.
+type lbPrint struct {
+	vip     netip.Addr
+	spec    [16]byte // name, listeners and session persistence
+	members [16]byte
+}
+
+// printOf is the print of a load balancer the controller returned.
+func printOf(lb *capi.LoadBalancer) lbPrint {
+	ls, ms := normalize(lb)
+	vip, _ := netip.ParseAddr(lb.VIPAddress)
+	return lbPrint{vip: vip, spec: specDigest(lb.Name, ls, lb.SessionPersistence), members: memberDigest(ms)}
+}
+
+// print is the print of the load balancer w describes.
+func (w *wanted) print() lbPrint {
+	vip, _ := netip.ParseAddr(w.VIP)
+	return lbPrint{vip: vip, spec: specDigest(w.Name, w.Listeners, w.Persistence), members: memberDigest(w.Members)}
+}
+
+// specDigest digests a name, normalized listeners and a session
+// persistence (timeout 0 meaning the default, the type in any case, as
+// samePersistence compares them).
+func specDigest(name string, ls []capi.Listener, p *capi.SessionPersistence) [16]byte {
+	h := sha256.New()
+	b := append([]byte(name), 0)
+	for _, l := range ls {
+		b = append(b, l.Protocol...)
+		b = fmt.Appendf(b, "/%d/%d;", l.Port, l.TargetPort)
+	}
+	b = append(b, 0)
+	if p != nil {
+		t := p.Timeout
+		if t == 0 {
+			t = DefaultAffinityTimeout
+		}
+		b = fmt.Appendf(b, "%s/%d", strings.ToUpper(p.Type), t)
+	}
+	h.Write(b)
+	var d [16]byte
+	copy(d[:], h.Sum(nil))
+	return d
+}
+
+// memberDigest digests sorted members (address, port and port id, as
+// sameMembers compares them).
+func memberDigest(ms []capi.Member) [16]byte {
+	h := sha256.New()
+	var b []byte
+	for _, m := range ms {
+		b = fmt.Appendf(b[:0], "%s/%d/%s;", m.Address, m.Port, m.PortID)
+		h.Write(b)
+	}
+	var d [16]byte
+	copy(d[:], h.Sum(nil))
+	return d
+}

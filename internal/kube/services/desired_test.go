@@ -171,6 +171,26 @@ func TestNormalizeMatchesDesired(t *testing.T) {
 	if !reflect.DeepEqual(ls, w.Listeners) || !sameMembers(ms, w.Members) {
 		t.Fatalf("normalized %+v %+v, desired %+v %+v", ls, ms, w.Listeners, w.Members)
 	}
+	// The prints the reconciler keeps instead of the object agree too, and
+	// tell a member change (one SetMembers) from any other.
+	lb.Name, lb.VIPAddress = w.Name, w.VIP
+	if got, want := printOf(lb), w.print(); got != want {
+		t.Fatalf("print of the controller's %+v, of desired %+v", got, want)
+	}
+	lb.Members[0].Port = 81
+	if got, want := printOf(lb), w.print(); got.spec != want.spec || got.members == want.members {
+		t.Fatalf("member port changed: print %+v, desired %+v; want the same spec, other members", got, want)
+	}
+	lb.Members[0].Port = 0
+	lb.SessionPersistence = &capi.SessionPersistence{Type: "source_ip"}
+	w.Persistence = &capi.SessionPersistence{Type: capi.PersistenceSourceIP, Timeout: DefaultAffinityTimeout}
+	if got, want := printOf(lb), w.print(); got != want {
+		t.Fatalf("persistence in other case and default timeout: print %+v, desired %+v", got, want)
+	}
+	lb.Name = "other"
+	if got, want := printOf(lb), w.print(); got.spec == want.spec || got.members != want.members {
+		t.Fatalf("name changed: print %+v, desired %+v; want another spec, the same members", got, want)
+	}
 }
 
 func TestServiceSubnetPlan(t *testing.T) {

@@ -12,9 +12,10 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -103,7 +104,8 @@ type Reconciler struct {
 	rec  record.EventRecorder
 	bc   record.EventBroadcaster
 
-	factory  informers.SharedInformerFactory
+	svcInf   cache.SharedIndexInformer
+	sliceInf cache.SharedIndexInformer
 	svcs     listersv1.ServiceLister
 	sliceIdx cache.Indexer
 	synced   []cache.InformerSynced
@@ -111,11 +113,11 @@ type Reconciler struct {
 	synced0 atomic.Bool // the initial resync is done
 
 	mu     sync.Mutex
-	lbs    map[string]*controllerapi.LoadBalancer // guarded by mu; by id, as last returned
-	fips   map[string]*controllerapi.FloatingIP   // guarded by mu; by id
-	byKey  map[string]string                      // guarded by mu; namespace/name -> lb id
-	warned map[types.UID]bool                     // guarded by mu; Services told the external network is missing
-	extOK  bool                                   // guarded by mu; the external network exists
+	lbs    map[string]lbPrint                   // guarded by mu; by id, as last returned
+	fips   map[string]*controllerapi.FloatingIP // guarded by mu; by id
+	byKey  map[string]string                    // guarded by mu; namespace/name -> lb id
+	warned map[types.UID]bool                   // guarded by mu; Services told the external network is missing
+	extOK  bool                                 // guarded by mu; the external network exists
 	// extSaid: the absence of the external network was logged; it is
 	// logged again only after it was found (guarded by mu).
 	extSaid bool
@@ -190,27 +192,33 @@ func New(cfg Config) (*Reconciler, error) {
 				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(1000), 5000)},
 			),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-services"}),
-		lbs: map[string]*controllerapi.LoadBalancer{}, fips: map[string]*controllerapi.FloatingIP{},
+		lbs: map[string]lbPrint{}, fips: map[string]*controllerapi.FloatingIP{},
 		byKey: map[string]string{}, warned: map[types.UID]bool{},
 		waitIP: map[string]map[string]bool{},
 	}
-	// Managed fields are most of a small object's bytes and are never
-	// read here; the API server keeps them when an update omits them.
-	r.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithTransform(dropManagedFields))
-	svcInf := r.factory.Core().V1().Services()
-	sliceInf := r.factory.Discovery().V1().EndpointSlices()
-	if err := sliceInf.Informer().AddIndexers(cache.Indexers{serviceIndex: func(obj any) ([]string, error) {
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-			if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
-				return []string{s.Namespace + "/" + n}, nil
+	// Informers of their own, without the namespace index a factory adds
+	// (nothing here lists by namespace), keeping only the fields the
+	// reconciler reads (transforms.go): at 10,000 Services the caches are
+	// most of this process's memory.
+	svcInf := coreinformers.NewServiceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{})
+	sliceInf := discoveryinformers.NewEndpointSliceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{
+		serviceIndex: func(obj any) ([]string, error) {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
+					return []string{s.Namespace + "/" + n}, nil
+				}
 			}
-		}
-		return nil, nil
-	}}); err != nil {
+			return nil, nil
+		}})
+	if err := svcInf.SetTransform(slimService); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
-	r.svcs, r.sliceIdx = svcInf.Lister(), sliceInf.Informer().GetIndexer()
-	r.synced = []cache.InformerSynced{svcInf.Informer().HasSynced, sliceInf.Informer().HasSynced}
+	if err := sliceInf.SetTransform(slimSlice); err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
+	r.svcInf, r.sliceInf = svcInf, sliceInf
+	r.svcs, r.sliceIdx = listersv1.NewServiceLister(svcInf.GetIndexer()), sliceInf.GetIndexer()
+	r.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
 	enqueueSvc := func(o any) {
 		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			o = t.Obj
@@ -229,12 +237,12 @@ func New(cfg Config) (*Reconciler, error) {
 			}
 		}
 	}
-	if _, err := svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueueSvc, UpdateFunc: func(_, o any) { enqueueSvc(o) }, DeleteFunc: enqueueSvc,
 	}); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
-	if _, err := sliceInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueueSlice,
 		UpdateFunc: func(old, o any) {
 			// A slice that moved to another Service updates both.
@@ -260,8 +268,12 @@ func (r *Reconciler) enqueue(key string) { r.q.AddAfter(key, r.cfg.Coalesce) }
 // resync and the workers until ctx ends. It returns nil on cancellation.
 func (r *Reconciler) Run(ctx context.Context) error {
 	defer r.q.ShutDown()
-	r.factory.Start(ctx.Done())
-	defer r.factory.Shutdown()
+	var infs sync.WaitGroup
+	defer infs.Wait()
+	ictx, stop := context.WithCancel(ctx)
+	defer stop()
+	infs.Go(func() { r.svcInf.RunWithContext(ictx) })
+	infs.Go(func() { r.sliceInf.RunWithContext(ictx) })
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, r.synced...) {
 		return ctx.Err()
 	}
@@ -340,12 +352,3 @@ func (r *Reconciler) work(ctx context.Context) {
 // Synced reports whether the initial resync has finished (for tests and
 // readiness).
 func (r *Reconciler) Synced() bool { return r.synced0.Load() }
-
-// dropManagedFields is the informers' transform: cached objects lose
-// metadata.managedFields.
-func dropManagedFields(obj any) (any, error) {
-	if a, err := meta.Accessor(obj); err == nil {
-		a.SetManagedFields(nil)
-	}
-	return obj, nil
-}

@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -98,12 +100,11 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 	for _, m := range w.Warnings {
 		r.log.Warn("services: "+m, "service", key)
 	}
-	lb, err := r.ensureLB(ctx, key, w)
-	if err != nil {
+	if err := r.ensureLB(ctx, key, w); err != nil {
 		return err
 	}
 	if r.wantsFIP(svc) {
-		return r.ensureFIP(ctx, key, svc, lb)
+		return r.ensureFIP(ctx, key, svc, w.ID)
 	}
 	if err := r.dropFIP(ctx, w.ID); err != nil {
 		return err
@@ -129,67 +130,65 @@ func (r *Reconciler) remove(ctx context.Context, key, id string) error {
 	return nil
 }
 
-func (r *Reconciler) store(key string, lb *controllerapi.LoadBalancer) {
+func (r *Reconciler) store(key, id string, p lbPrint) {
 	r.mu.Lock()
-	r.lbs[lb.ID] = lb
-	r.byKey[key] = lb.ID
+	r.lbs[id] = p
+	r.byKey[key] = id
 	r.mu.Unlock()
 }
 
 // ensureLB sends the smallest change that makes the controller's load
 // balancer equal w: none, one member replacement, one update, or a create
 // (a create that finds the id taken adopts the load balancer).
-func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) (*controllerapi.LoadBalancer, error) {
+func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) error {
 	r.mu.Lock()
-	cur := r.lbs[w.ID]
+	cur, ok := r.lbs[w.ID]
 	r.mu.Unlock()
-	if cur == nil {
+	if !ok {
 		lb, err := r.c.CreateLoadBalancer(ctx, r.cfg.Project, controllerapi.LoadBalancer{
 			ID: w.ID, Name: w.Name, Description: Description, VIPSubnetID: r.cfg.ServiceSubnet, VIPAddress: w.VIP,
 			Listeners: w.Listeners, Members: w.Members, SessionPersistence: w.Persistence,
 		})
 		if err == nil {
-			r.store(key, lb)
+			r.store(key, lb.ID, printOf(lb))
 			r.log.Debug("services: created", "service", key, "id", lb.ID, "vip", lb.VIPAddress, "members", len(lb.Members))
-			return lb, nil
+			return nil
 		}
 		if !errors.Is(err, kerrors.Conflict) {
-			return nil, fmt.Errorf("create load balancer %s (%s): %w", w.ID, w.VIP, err)
+			return fmt.Errorf("create load balancer %s (%s): %w", w.ID, w.VIP, err)
 		}
 		got, gerr := r.c.GetLoadBalancer(ctx, r.cfg.Project, w.ID)
 		if gerr != nil {
 			// Not ours: the clusterIP is still held by the load balancer of
 			// a Service that is going away; retry with backoff.
-			return nil, fmt.Errorf("create load balancer %s: %w (lookup: %v)", w.ID, err, gerr)
+			return fmt.Errorf("create load balancer %s: %w (lookup: %v)", w.ID, err, gerr)
 		}
-		cur = got
+		cur = printOf(got)
 	}
-	if cur.VIPAddress != w.VIP {
+	want := w.print()
+	if cur.vip != want.vip {
 		// A VIP never changes; the clusterIP did (cannot happen to a live
 		// Service, but a stale cache may say so): start again.
-		if err := r.remove(ctx, key, cur.ID); err != nil {
-			return nil, err
+		if err := r.remove(ctx, key, w.ID); err != nil {
+			return err
 		}
 		return r.ensureLB(ctx, key, w)
 	}
-	ls, ms := normalize(cur)
-	listenersSame := equality.Semantic.DeepEqual(ls, w.Listeners) || (len(ls) == 0 && len(w.Listeners) == 0)
-	membersSame := sameMembers(ms, w.Members)
-	persSame := samePersistence(cur.SessionPersistence, w.Persistence)
 	var lb *controllerapi.LoadBalancer
 	var err error
 	switch {
-	case listenersSame && membersSame && persSame && cur.Name == w.Name:
-		r.store(key, cur)
-		return cur, nil
-	case listenersSame && persSame && cur.Name == w.Name:
+	case cur == want:
+		r.store(key, w.ID, cur)
+		return nil
+	case cur.spec == want.spec:
 		lb, err = r.c.SetMembers(ctx, r.cfg.Project, w.ID, w.Members)
 	default:
 		u := controllerapi.LoadBalancerUpdate{Name: &w.Name, Listeners: &w.Listeners, Members: &w.Members}
 		if w.Persistence != nil {
 			u.SessionPersistence = w.Persistence
 		} else {
-			u.ClearSessionPersistence = cur.SessionPersistence != nil
+			// Clearing what is not there is a no-op for the controller.
+			u.ClearSessionPersistence = true
 		}
 		if u.Members != nil && *u.Members == nil {
 			empty := []controllerapi.Member{}
@@ -205,11 +204,11 @@ func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) (*cont
 		return r.ensureLB(ctx, key, w)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("update load balancer %s: %w", w.ID, err)
+		return fmt.Errorf("update load balancer %s: %w", w.ID, err)
 	}
-	r.store(key, lb)
+	r.store(key, lb.ID, printOf(lb))
 	r.log.Debug("services: updated", "service", key, "id", lb.ID, "members", len(lb.Members))
-	return lb, nil
+	return nil
 }
 
 // dropFIP releases the floating IP with this id if one is known.
@@ -245,8 +244,7 @@ func (r *Reconciler) deleteFIP(ctx context.Context, id string) error {
 
 // ensureFIP gives a LoadBalancer Service its floating IP, associated with
 // its load balancer, and reports it in the Service's status.
-func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Service, lb *controllerapi.LoadBalancer) error {
-	id := lb.ID
+func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Service, id string) error {
 	r.mu.Lock()
 	extOK, cur := r.extOK, r.fips[id]
 	warned := r.warned[svc.UID]
@@ -271,7 +269,7 @@ func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Serv
 	}
 	if cur == nil {
 		f, err := r.c.CreateFloatingIP(ctx, r.cfg.Project, controllerapi.FloatingIP{
-			ID: id, FloatingNetworkID: r.cfg.ExternalNetwork, FloatingIPAddress: req, LoadBalancerID: lb.ID,
+			ID: id, FloatingNetworkID: r.cfg.ExternalNetwork, FloatingIPAddress: req, LoadBalancerID: id,
 			Description: Description + " " + key,
 		})
 		switch {
@@ -308,7 +306,7 @@ func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Serv
 			r.mu.Lock()
 			r.extOK = false
 			r.mu.Unlock()
-			return r.ensureFIP(ctx, key, svc, lb)
+			return r.ensureFIP(ctx, key, svc, id)
 		case errors.Is(err, kerrors.Exhausted):
 			msg := fmt.Sprintf("external network %q has no free address", r.cfg.ExternalNetwork)
 			r.rec.Event(svc, corev1.EventTypeWarning, "ExternalNetworkExhausted", msg)
@@ -318,8 +316,8 @@ func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Serv
 			return fmt.Errorf("create floating ip %s: %w", id, err)
 		}
 	}
-	if cur.LoadBalancerID != lb.ID {
-		f, err := r.c.AssociateFloatingIP(ctx, r.cfg.Project, id, controllerapi.FloatingIPAssociation{LoadBalancerID: lb.ID})
+	if cur.LoadBalancerID != id {
+		f, err := r.c.AssociateFloatingIP(ctx, r.cfg.Project, id, controllerapi.FloatingIPAssociation{LoadBalancerID: id})
 		if err != nil {
 			return fmt.Errorf("associate floating ip %s: %w", id, err)
 		}
@@ -348,11 +346,37 @@ func (r *Reconciler) setStatus(ctx context.Context, svc *corev1.Service, ip stri
 	if equality.Semantic.DeepEqual(s.Status, svc.Status) {
 		return nil
 	}
-	if _, err := r.kube.CoreV1().Services(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil &&
-		!apierrors.IsNotFound(err) {
+	if err := r.patchStatus(ctx, svc, s.Status); err != nil {
 		return fmt.Errorf("update status of %s/%s: %w", s.Namespace, s.Name, err)
 	}
 	return nil
+}
+
+// patchStatus writes st's load balancer ingress and conditions into the
+// Service's status with a merge patch conditional on the cached
+// resourceVersion (a stale cache gets a conflict, retried). A patch, not
+// an update: the cached object lacks the fields the transform dropped.
+func (r *Reconciler) patchStatus(ctx context.Context, svc *corev1.Service, st corev1.ServiceStatus) error {
+	var ingress, conds any // JSON null removes the field
+	if len(st.LoadBalancer.Ingress) > 0 {
+		ingress = st.LoadBalancer.Ingress
+	}
+	if len(st.Conditions) > 0 {
+		conds = st.Conditions
+	}
+	b, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": svc.ResourceVersion},
+		"status":   map[string]any{"loadBalancer": map[string]any{"ingress": ingress}, "conditions": conds},
+	})
+	if err != nil {
+		return err
+	}
+	_, err = r.kube.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, b,
+		metav1.PatchOptions{}, "status")
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
 }
 
 // clearStatus removes what setStatus wrote, on a Service of our class
@@ -364,12 +388,11 @@ func (r *Reconciler) clearStatus(ctx context.Context, svc *corev1.Service) error
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer && clusterIP(svc, r.cfg.ServiceCIDR).IsValid() {
 		return nil
 	}
-	s := svc.DeepCopy()
-	s.Status.LoadBalancer.Ingress = nil
-	meta.RemoveStatusCondition(&s.Status.Conditions, ConditionFloatingIP)
-	if _, err := r.kube.CoreV1().Services(s.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil &&
-		!apierrors.IsNotFound(err) {
-		return fmt.Errorf("clear status of %s/%s: %w", s.Namespace, s.Name, err)
+	st := *svc.Status.DeepCopy()
+	st.LoadBalancer.Ingress = nil
+	meta.RemoveStatusCondition(&st.Conditions, ConditionFloatingIP)
+	if err := r.patchStatus(ctx, svc, st); err != nil {
+		return fmt.Errorf("clear status of %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return nil
 }
@@ -407,7 +430,7 @@ func (r *Reconciler) resync(ctx context.Context) error {
 		}
 	}
 	var stale int
-	newLBs := map[string]*controllerapi.LoadBalancer{}
+	newLBs := make(map[string]lbPrint, len(lbs))
 	byKey := map[string]string{}
 	for i := range lbs {
 		lb := &lbs[i]
@@ -422,7 +445,7 @@ func (r *Reconciler) resync(ctx context.Context) error {
 			stale++
 			continue
 		}
-		newLBs[lb.ID], byKey[key] = lb, lb.ID
+		newLBs[lb.ID], byKey[key] = printOf(lb), lb.ID
 	}
 	newFIPs := map[string]*controllerapi.FloatingIP{}
 	for i := range fips {
