@@ -27,6 +27,7 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -72,12 +73,18 @@ func run() error {
 		k8sBinDir     = flag.String("k8s-install-cni-bin-dir", "", "Kubernetes mode: install the kurma-k8s shim (found next to this binary) into this directory")
 		k8sConfDir    = flag.String("k8s-install-cni-conf-dir", "", "Kubernetes mode: write the kurma conflist into this directory")
 	)
+	gcPercent := gcflag.Register(flag.CommandLine)
 	flag.Parse()
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	gc, gcFrom, err := gcPercent.Apply()
+	if err != nil {
+		return err
+	}
+	log.Info("go gc target", "gc_percent", gc, "from", gcFrom)
 
 	if *hostID == "" {
 		h, err := os.Hostname()

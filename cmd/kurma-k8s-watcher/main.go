@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"kurma.dev/kurma/internal/debugpprof"
+	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/internal/kube/watcher"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -64,12 +65,18 @@ func run() error {
 		debugListen   = flag.String("debug-listen", "", "address serving Go's /debug/pprof/ (empty: none; profiles reveal internals, keep it local)")
 		verbose       = flag.Bool("v", false, "debug logging")
 	)
+	gcPercent := gcflag.Register(flag.CommandLine)
 	flag.Parse()
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	gc, gcFrom, err := gcPercent.Apply()
+	if err != nil {
+		return err
+	}
+	log.Info("go gc target", "gc_percent", gc, "from", gcFrom)
 
 	pfx, err := netip.ParsePrefix(*pool)
 	if err != nil {

@@ -76,7 +76,7 @@ func (a *Agent) checkLBs(ctx context.Context) error {
 // lbCache is the agent's copy of every load balancer and floating IP, and
 // what it last programmed. Guarded by Agent.mu.
 type lbCache struct {
-	lbs       map[string]*controllerapi.LoadBalancer
+	lbs       map[string]*lbRec
 	fips      map[string]*controllerapi.FloatingIP
 	dirtyLB   map[string]bool
 	dirtyFIP  map[string]bool
@@ -87,21 +87,55 @@ type lbCache struct {
 }
 
 func newLBCache() lbCache {
-	return lbCache{lbs: map[string]*controllerapi.LoadBalancer{}, fips: map[string]*controllerapi.FloatingIP{},
+	return lbCache{lbs: map[string]*lbRec{}, fips: map[string]*controllerapi.FloatingIP{},
 		dirtyLB: map[string]bool{}, dirtyFIP: map[string]bool{}, full: true,
 		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{}}
 }
 
-// slimLB copies what the agent reads of a load balancer (id, revision,
-// VNI, VIP, listeners, members' address and port, persistence): the
-// cache holds every load balancer of the controller.
-func slimLB(l *controllerapi.LoadBalancer) *controllerapi.LoadBalancer {
-	ms := make([]controllerapi.Member, len(l.Members))
-	for i, m := range l.Members {
-		ms[i] = controllerapi.Member{Address: m.Address, Port: m.Port}
+// lbRec is the agent's record of a load balancer: what it programs,
+// converted once when the event arrives (listeners and members the
+// datapath cannot take are left out), without the controller's other
+// fields. The cache holds every load balancer of the controller.
+type lbRec struct {
+	id        string
+	rev       int64
+	vni       uint32
+	vip       netip.Addr // invalid unless IPv4
+	listeners []lbpath.Listener
+	members   []lbpath.Member
+	affinity  time.Duration
+}
+
+func recOf(l *controllerapi.LoadBalancer) *lbRec {
+	r := &lbRec{id: l.ID, rev: l.RevisionNumber, vni: l.VNI}
+	if vip, err := netip.ParseAddr(l.VIPAddress); err == nil && vip.Is4() {
+		r.vip = vip
 	}
-	return &controllerapi.LoadBalancer{ID: l.ID, RevisionNumber: l.RevisionNumber, VNI: l.VNI, VIPAddress: l.VIPAddress,
-		Listeners: slices.Clip(l.Listeners), Members: ms, SessionPersistence: l.SessionPersistence}
+	for _, ls := range l.Listeners {
+		p := protoNumber(ls.Protocol)
+		if p == 0 || ls.Port < 1 || ls.Port > 65535 || ls.TargetPort < 0 || ls.TargetPort > 65535 {
+			continue
+		}
+		r.listeners = append(r.listeners, lbpath.Listener{Proto: p, Port: uint16(ls.Port), TargetPort: uint16(ls.TargetPort)})
+	}
+	if len(l.Members) > 0 {
+		r.members = make([]lbpath.Member, 0, len(l.Members))
+	}
+	for _, m := range l.Members {
+		addr, err := netip.ParseAddr(m.Address)
+		if err != nil || !addr.Is4() || m.Port < 0 || m.Port > 65535 {
+			continue
+		}
+		r.members = append(r.members, lbpath.Member{Addr: addr, Port: uint16(m.Port)})
+	}
+	if sp := l.SessionPersistence; sp != nil && sp.Type == controllerapi.PersistenceSourceIP {
+		t := sp.Timeout
+		if t <= 0 {
+			t = 10800
+		}
+		r.affinity = time.Duration(t) * time.Second
+	}
+	return r
 }
 
 // lbEnabled reports whether the agent programs load balancers.
@@ -128,13 +162,13 @@ func (a *Agent) watchLBs(ctx context.Context) {
 			switch {
 			case ev.LoadBalancer != nil && ev.LoadBalancer.ID != "":
 				l := ev.LoadBalancer
-				if old := c.lbs[l.ID]; old != nil && old.RevisionNumber > l.RevisionNumber && ev.Type != controllerapi.EventDeleted {
+				if old := c.lbs[l.ID]; old != nil && old.rev > l.RevisionNumber && ev.Type != controllerapi.EventDeleted {
 					return "lb:" + l.ID
 				}
 				if ev.Type == controllerapi.EventDeleted {
 					delete(c.lbs, l.ID)
 				} else {
-					c.lbs[l.ID] = slimLB(l)
+					c.lbs[l.ID] = recOf(l)
 				}
 				c.dirtyLB[l.ID] = true
 				// Its FIPs gain or lose their target.
@@ -201,8 +235,8 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	}
 	if !maps.Equal(local, c.localVNIs) {
 		for id, l := range c.lbs {
-			old, was := c.localVNIs[l.VNI]
-			now, is := local[l.VNI]
+			old, was := c.localVNIs[l.vni]
+			now, is := local[l.vni]
 			if was != is || old != now {
 				c.dirtyLB[id] = true
 			}
@@ -226,7 +260,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 		for _, l := range c.lbs {
 			if spec, ok := a.lbSpecLocked(l, bn); ok {
 				st.LBs = append(st.LBs, spec)
-				progLB[l.ID] = true
+				progLB[l.id] = true
 			}
 		}
 		for _, f := range c.fips {
@@ -300,42 +334,19 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 }
 
 // lbSpecLocked converts a load balancer this host must program: one of a
-// VPC with a local port. Callers hold a.mu.
-func (a *Agent) lbSpecLocked(l *controllerapi.LoadBalancer, bn bridgeNamer) (lbpath.LB, bool) {
-	if _, ok := a.lb.localVNIs[l.VNI]; !ok {
+// VPC with a local port. The spec shares the record's slices (the
+// datapath copies what it keeps). Callers hold a.mu.
+func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
+	if _, ok := a.lb.localVNIs[l.vni]; !ok || !l.vip.Is4() {
 		return lbpath.LB{}, false
 	}
-	vip, err := netip.ParseAddr(l.VIPAddress)
-	if err != nil || !vip.Is4() {
-		return lbpath.LB{}, false
-	}
-	spec := lbpath.LB{ID: l.ID, Iface: bn.BridgeName(l.VNI), VIP: vip}
+	spec := lbpath.LB{ID: l.id, Iface: bn.BridgeName(l.vni), VIP: l.vip, Listeners: l.listeners, Members: l.members,
+		Affinity: l.affinity}
 	// A VIP inside a subnet of this host's bridge is ARPed for by its pods.
-	for gw := range a.gateways[l.VNI] {
-		if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(vip) {
+	for gw := range a.gateways[l.vni] {
+		if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(l.vip) {
 			spec.OnLink = true
 		}
-	}
-	for _, ls := range l.Listeners {
-		p := protoNumber(ls.Protocol)
-		if p == 0 || ls.Port < 1 || ls.Port > 65535 || ls.TargetPort < 0 || ls.TargetPort > 65535 {
-			continue
-		}
-		spec.Listeners = append(spec.Listeners, lbpath.Listener{Proto: p, Port: uint16(ls.Port), TargetPort: uint16(ls.TargetPort)})
-	}
-	for _, m := range l.Members {
-		addr, err := netip.ParseAddr(m.Address)
-		if err != nil || !addr.Is4() || m.Port < 0 || m.Port > 65535 {
-			continue
-		}
-		spec.Members = append(spec.Members, lbpath.Member{Addr: addr, Port: uint16(m.Port)})
-	}
-	if sp := l.SessionPersistence; sp != nil && sp.Type == controllerapi.PersistenceSourceIP {
-		t := sp.Timeout
-		if t <= 0 {
-			t = 10800
-		}
-		spec.Affinity = time.Duration(t) * time.Second
 	}
 	if spec.Validate() != nil {
 		return lbpath.LB{}, false
@@ -371,7 +382,7 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 		if _, ok := a.lbSpecLocked(l, bn); !ok {
 			return lbpath.FIP{}, false
 		}
-		spec.LBID = l.ID
+		spec.LBID = l.id
 	default:
 		return lbpath.FIP{}, false
 	}

@@ -64,9 +64,9 @@ func TestSyncLBs(t *testing.T) {
 	a := lbAgent(rec)
 	ctx := t.Context()
 	c := &a.lb
-	c.lbs["local"] = testLB("local", 7, "10.96.0.1", "10.0.0.5")
-	c.lbs["onlink"] = testLB("onlink", 7, "10.0.0.200", "10.0.0.5")
-	c.lbs["remote"] = testLB("remote", 8, "10.96.0.2", "10.1.0.5") // no local port in VNI 8
+	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5"))
+	c.lbs["onlink"] = recOf(testLB("onlink", 7, "10.0.0.200", "10.0.0.5"))
+	c.lbs["remote"] = recOf(testLB("remote", 8, "10.96.0.2", "10.1.0.5")) // no local port in VNI 8
 	c.fips["f1"] = &controllerapi.FloatingIP{ID: "f1", FloatingIPAddress: "203.0.113.5", PortID: "p1", FixedIPAddress: "10.0.0.9"}
 	c.fips["f2"] = &controllerapi.FloatingIP{ID: "f2", FloatingIPAddress: "203.0.113.6", PortID: "p2", FixedIPAddress: "10.1.0.9"}
 	if err := a.syncLBs(ctx); err != nil {
@@ -87,8 +87,8 @@ func TestSyncLBs(t *testing.T) {
 
 	// A batch: one member change and one new load balancer -> one Apply
 	// with exactly those two.
-	c.lbs["local"] = testLB("local", 7, "10.96.0.1", "10.0.0.5", "10.0.0.6")
-	c.lbs["new"] = testLB("new", 7, "10.96.0.3", "10.0.0.7")
+	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5", "10.0.0.6"))
+	c.lbs["new"] = recOf(testLB("new", 7, "10.96.0.3", "10.0.0.7"))
 	c.dirtyLB["local"], c.dirtyLB["new"] = true, true
 	if err := a.syncLBs(ctx); err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func FuzzLBSpec(f *testing.F) {
 		}
 		a := lbAgent(&recLB{})
 		a.lb.localVNIs = map[uint32]string{7: ""}
-		spec, ok := a.lbSpecLocked(&l, namer{})
+		spec, ok := a.lbSpecLocked(recOf(&l), namer{})
 		if ok {
 			if err := spec.Validate(); err != nil {
 				t.Fatalf("accepted an invalid spec: %v", err)

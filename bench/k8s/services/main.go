@@ -76,6 +76,7 @@ func main() {
 	sizes := flag.String("sizes", "1000,10000", "numbers of Services present, comma-separated")
 	adds := flag.Int("adds", 20, "single adds and endpoint replacements timed per size")
 	profile := flag.String("profile", "", "save heap profiles, MemStats and GC traces of watcher and agent in this directory")
+	gcPercent := flag.String("gc-percent", "", "pass --gc-percent to watcher and agent (empty: their default)")
 	flag.Parse()
 	var ns []int
 	for _, f := range strings.Split(*sizes, ",") {
@@ -92,7 +93,7 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(context.Background(), ns, *adds, *profile); err != nil {
+	if err := run(context.Background(), ns, *adds, *profile, *gcPercent); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -110,15 +111,16 @@ type row struct {
 }
 
 type bench struct {
-	c       *kubecluster.Cluster
-	ctl     *capi.Client
-	dir     string
-	nf      *mnl.Conn
-	iface   string
-	created int // Services made so far (s-0 … s-created-1)
-	seq     int
-	procs   map[string]*kubecluster.Process
-	profile string // -profile directory, or ""
+	c         *kubecluster.Cluster
+	ctl       *capi.Client
+	dir       string
+	nf        *mnl.Conn
+	iface     string
+	created   int // Services made so far (s-0 … s-created-1)
+	seq       int
+	procs     map[string]*kubecluster.Process
+	profile   string // -profile directory, or ""
+	gcPercent string // -gc-percent, or ""
 }
 
 // Debug listeners of watcher and agent with -profile.
@@ -127,14 +129,14 @@ const (
 	watcherDebug = "127.0.0.1:19699"
 )
 
-func run(ctx context.Context, sizes []int, adds int, profile string) error {
+func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string) error {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
 		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile}
+	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -289,6 +291,9 @@ func (b *bench) startAgent() error {
 	if b.profile != "" {
 		args = append(args, "--metrics-listen", agentDebug, "--pprof")
 	}
+	if b.gcPercent != "" {
+		args = append(args, "--gc-percent", b.gcPercent)
+	}
 	return b.start("agent", filepath.Join(b.c.BinDir, "kurma-agent"), args...)
 }
 
@@ -298,6 +303,9 @@ func (b *bench) startWatcher() error {
 		"--service-cidr", kubecluster.ServiceCIDR, "--resync", "600s"}
 	if b.profile != "" {
 		args = append(args, "--debug-listen", watcherDebug)
+	}
+	if b.gcPercent != "" {
+		args = append(args, "--gc-percent", b.gcPercent)
 	}
 	return b.start("watcher", filepath.Join(b.c.BinDir, "kurma-k8s-watcher"), args...)
 }

@@ -78,7 +78,7 @@ type Path struct {
 	lbs       map[string]*LB
 	fips      map[string]*FIP
 	fipsOfLB  map[string]map[string]bool // lb id -> ids of its FIPs
-	owned     map[string][]contrib       // "lb:"/"fip:" + id -> what it contributes
+	owned     map[string][]elem          // "lb:"/"fip:" + id -> the elements it contributes (exact length: one per LB)
 	want      map[elem]wantVal
 	have      map[elem]string // mirror of the kernel
 	pending   map[elem]bool   // keys whose kernel state may differ from want
@@ -124,7 +124,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	}
 	p := &Path{cfg: cfg, log: cfg.Logger,
 		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
-		owned: map[string][]contrib{}, want: map[elem]wantVal{}, have: map[elem]string{},
+		owned: map[string][]elem{}, want: map[elem]wantVal{}, have: map[elem]string{},
 		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
 		affPurge: map[string]bool{}}
 	nsPath := cfg.HostNS
@@ -435,19 +435,19 @@ func (p *Path) frontends(l *LB) []frontend {
 
 // setContrib replaces what owner contributes to the wanted elements.
 func (p *Path) setContrib(owner string, cs []contrib) {
-	for _, c := range p.owned[owner] {
-		w, ok := p.want[c.e]
+	for _, e := range p.owned[owner] {
+		w, ok := p.want[e]
 		if !ok {
 			continue
 		}
 		w.refs--
 		if w.refs <= 0 {
-			delete(p.want, c.e)
-			p.chainRef(c.e, w.val, -1)
+			delete(p.want, e)
+			p.chainRef(e, w.val, -1)
 		} else {
-			p.want[c.e] = w
+			p.want[e] = w
 		}
-		p.pending[c.e] = true
+		p.pending[e] = true
 	}
 	for _, c := range cs {
 		w, ok := p.want[c.e]
@@ -469,7 +469,11 @@ func (p *Path) setContrib(owner string, cs []contrib) {
 	if len(cs) == 0 {
 		delete(p.owned, owner)
 	} else {
-		p.owned[owner] = cs
+		es := make([]elem, len(cs))
+		for i, c := range cs {
+			es[i] = c.e
+		}
+		p.owned[owner] = es
 	}
 }
 
@@ -787,7 +791,7 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lbs, p.fips, p.fipsOfLB = map[string]*LB{}, map[string]*FIP{}, map[string]map[string]bool{}
-	p.owned, p.want, p.chainRefs = map[string][]contrib{}, map[elem]wantVal{}, map[string]int{}
+	p.owned, p.want, p.chainRefs = map[string][]elem{}, map[elem]wantVal{}, map[string]int{}
 	touched := map[string]bool{}
 	for i := range s.LBs {
 		l := cloneLB(&s.LBs[i])

@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	coreinformers "k8s.io/client-go/informers/core/v1"
@@ -19,7 +18,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -106,8 +104,8 @@ type Reconciler struct {
 
 	svcInf   cache.SharedIndexInformer
 	sliceInf cache.SharedIndexInformer
-	svcs     listersv1.ServiceLister
-	sliceIdx cache.Indexer
+	svcIdx   cache.Indexer // *svcObj by namespace/name
+	sliceIdx cache.Indexer // *sliceObj by namespace/name, indexed by Service
 	synced   []cache.InformerSynced
 
 	synced0 atomic.Bool // the initial resync is done
@@ -197,44 +195,40 @@ func New(cfg Config) (*Reconciler, error) {
 		waitIP: map[string]map[string]bool{},
 	}
 	// Informers of their own, without the namespace index a factory adds
-	// (nothing here lists by namespace), keeping only the fields the
-	// reconciler reads (transforms.go): at 10,000 Services the caches are
-	// most of this process's memory.
+	// (nothing here lists by namespace), caching compact records of the
+	// fields the reconciler reads (transforms.go): at 10,000 Services the
+	// caches are most of this process's memory.
 	svcInf := coreinformers.NewServiceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{})
 	sliceInf := discoveryinformers.NewEndpointSliceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{
 		serviceIndex: func(obj any) ([]string, error) {
-			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-				if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
-					return []string{s.Namespace + "/" + n}, nil
-				}
+			if s, ok := obj.(*sliceObj); ok && s.service != "" {
+				return []string{s.ns + "/" + s.service}, nil
 			}
 			return nil, nil
 		}})
-	if err := svcInf.SetTransform(slimService); err != nil {
+	if err := svcInf.SetTransform(compactService); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
-	if err := sliceInf.SetTransform(slimSlice); err != nil {
+	if err := sliceInf.SetTransform(compactSlice); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
 	r.svcInf, r.sliceInf = svcInf, sliceInf
-	r.svcs, r.sliceIdx = listersv1.NewServiceLister(svcInf.GetIndexer()), sliceInf.GetIndexer()
+	r.svcIdx, r.sliceIdx = svcInf.GetIndexer(), sliceInf.GetIndexer()
 	r.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
 	enqueueSvc := func(o any) {
 		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			o = t.Obj
 		}
-		if s, ok := o.(*corev1.Service); ok {
-			r.enqueue(s.Namespace + "/" + s.Name)
+		if s, ok := o.(*svcObj); ok {
+			r.enqueue(s.key())
 		}
 	}
 	enqueueSlice := func(o any) {
 		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			o = t.Obj
 		}
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
-				r.enqueue(s.Namespace + "/" + n)
-			}
+		if s, ok := o.(*sliceObj); ok && s.service != "" {
+			r.enqueue(s.ns + "/" + s.service)
 		}
 	}
 	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{

@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
@@ -56,11 +55,23 @@ func (r *Reconciler) slicesOf(key string) []*discoveryv1.EndpointSlice {
 	}
 	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			out = append(out, s)
+		if s, ok := o.(*sliceObj); ok {
+			out = append(out, s.slice())
 		}
 	}
 	return out
+}
+
+// service returns the cached Service with this key, or nil.
+func (r *Reconciler) service(key string) *corev1.Service {
+	o, ok, err := r.svcIdx.GetByKey(key)
+	if err != nil || !ok {
+		return nil
+	}
+	if s, ok := o.(*svcObj); ok {
+		return s.service()
+	}
+	return nil
 }
 
 // sync brings the load balancer and floating IP of one Service in line
@@ -68,16 +79,10 @@ func (r *Reconciler) slicesOf(key string) []*discoveryv1.EndpointSlice {
 func (r *Reconciler) sync(ctx context.Context, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, controllerCallTimeout)
 	defer cancel()
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
+	if _, _, err := cache.SplitMetaNamespaceKey(key); err != nil {
 		return nil // not a key of ours
 	}
-	svc, err := r.svcs.Services(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		svc = nil
-	} else if err != nil {
-		return err
-	}
+	svc := r.service(key)
 	r.mu.Lock()
 	vpc := r.vpcPrefix
 	old := r.byKey[key]
@@ -415,14 +420,17 @@ func (r *Reconciler) resync(ctx context.Context) error {
 	}
 	// Read the Services after the controller lists: a load balancer made
 	// for a Service implies the Service was in the cache before.
-	svcs, err := r.svcs.List(labels.Everything())
-	if err != nil {
-		return err
-	}
+	objs := r.svcIdx.List()
+	keys := make([]string, 0, len(objs))
 	wantLB := map[string]string{} // id -> key
 	wantFIP := map[string]bool{}
-	for _, s := range svcs {
-		if clusterIP(s, r.cfg.ServiceCIDR).IsValid() {
+	for _, o := range objs {
+		so, ok := o.(*svcObj)
+		if !ok {
+			continue
+		}
+		keys = append(keys, so.key())
+		if s := so.service(); clusterIP(s, r.cfg.ServiceCIDR).IsValid() {
 			wantLB[LBID(s.UID)] = s.Namespace + "/" + s.Name
 			if r.wantsFIP(s) {
 				wantFIP[LBID(s.UID)] = true
@@ -465,10 +473,10 @@ func (r *Reconciler) resync(ctx context.Context) error {
 	r.mu.Lock()
 	r.lbs, r.fips, r.byKey = newLBs, newFIPs, byKey
 	r.mu.Unlock()
-	for _, s := range svcs {
-		r.q.Add(s.Namespace + "/" + s.Name)
+	for _, k := range keys {
+		r.q.Add(k)
 	}
-	r.log.Info("services: resync", "services", len(svcs), "load_balancers", len(newLBs), "floating_ips", len(newFIPs),
+	r.log.Info("services: resync", "services", len(keys), "load_balancers", len(newLBs), "floating_ips", len(newFIPs),
 		"stale_deleted", stale, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -4,73 +4,149 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
-// The informers' transforms keep, of each object, what desired, sync and
-// setStatus read, and drop the rest (managed fields, labels and
-// annotations, selectors, topology, hints…) before it is cached: the
-// caches hold every Service and EndpointSlice of the cluster. They change
-// the freshly decoded object in place and may run twice on one object.
-// Nothing read from these caches is ever written back whole: status goes
-// out as a patch (setStatus).
+// The informers' transforms replace each Service and EndpointSlice by a
+// compact record of what desired, sync and setStatus read (svcObj,
+// sliceObj) before it is cached: the caches hold every Service and
+// EndpointSlice of the cluster, and a decoded object with its metadata,
+// label map and unused fields is several times larger. A sync turns the
+// record back into a Service or slice holding those fields only
+// (service, slice), which nothing writes back whole: status goes out as
+// a patch (patchStatus). The transforms pass records through unchanged,
+// so they may run twice on one object.
 
-// slimMeta keeps name, namespace, uid, resourceVersion and generation
-// (and labels when keepLabel names one, only that one).
-func slimMeta(m *metav1.ObjectMeta, keepLabel string) {
-	var labels map[string]string
-	if v, ok := m.Labels[keepLabel]; ok && keepLabel != "" {
-		if len(m.Labels) == 1 {
-			labels = m.Labels
-		} else {
-			labels = map[string]string{keepLabel: v}
-		}
-	}
-	*m = metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
-		Generation: m.Generation, DeletionTimestamp: m.DeletionTimestamp, Labels: labels}
+// objMeta is the metadata both records keep; GetObjectMeta lets the
+// informer's store key and index them as it would the objects.
+type objMeta struct {
+	ns, name, rv string
+	uid          types.UID
+	gen          int64
 }
 
-// slimService keeps the clusterIPs, type, ports, session affinity, load
-// balancer class and IP, and the status.
-func slimService(obj any) (any, error) {
+func metaOf(m *metav1.ObjectMeta) objMeta {
+	return objMeta{ns: m.Namespace, name: m.Name, rv: m.ResourceVersion, uid: m.UID, gen: m.Generation}
+}
+
+// GetObjectMeta implements metav1.ObjectMetaAccessor (for the store's key
+// function).
+func (m *objMeta) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: m.ns, Name: m.name, ResourceVersion: m.rv, UID: m.uid, Generation: m.gen}
+}
+
+func (m *objMeta) objectMeta() metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: m.ns, Name: m.name, ResourceVersion: m.rv, UID: m.uid, Generation: m.gen}
+}
+
+func (m *objMeta) key() string { return m.ns + "/" + m.name }
+
+// svcObj is the cached record of a Service.
+type svcObj struct {
+	objMeta
+	typ        corev1.ServiceType
+	clusterIP  string
+	clusterIPs []string // only when more than ClusterIP (dual stack)
+	ports      []corev1.ServicePort
+	affinity   corev1.ServiceAffinity
+	affTimeout *int32
+	lbClass    *string
+	lbIP       string
+	status     corev1.ServiceStatus
+}
+
+// sliceObj is the cached record of an EndpointSlice.
+type sliceObj struct {
+	objMeta
+	service  string // its kubernetes.io/service-name label
+	addrType discoveryv1.AddressType
+	ports    []discoveryv1.EndpointPort
+	eps      []sliceEndpoint
+}
+
+// sliceEndpoint is an endpoint's first address, its ready condition and
+// the uid of the Pod it targets.
+type sliceEndpoint struct {
+	addr  string
+	ready *bool
+	pod   types.UID
+}
+
+// compactService is the Service informer's transform.
+func compactService(obj any) (any, error) {
 	s, ok := obj.(*corev1.Service)
 	if !ok {
 		return obj, nil
 	}
-	slimMeta(&s.ObjectMeta, "")
-	sp := s.Spec
-	ports := sp.Ports
-	for i := range ports {
-		ports[i] = corev1.ServicePort{Name: ports[i].Name, Protocol: ports[i].Protocol, Port: ports[i].Port,
-			TargetPort: ports[i].TargetPort}
-	}
-	s.Spec = corev1.ServiceSpec{Type: sp.Type, ClusterIP: sp.ClusterIP, Ports: ports,
-		SessionAffinity: sp.SessionAffinity, SessionAffinityConfig: sp.SessionAffinityConfig,
-		LoadBalancerClass: sp.LoadBalancerClass, LoadBalancerIP: sp.LoadBalancerIP}
-	// ClusterIPs[0] is ClusterIP; only a dual-stack Service needs the list.
+	sp := &s.Spec
+	o := &svcObj{objMeta: metaOf(&s.ObjectMeta), typ: sp.Type, clusterIP: sp.ClusterIP, affinity: sp.SessionAffinity,
+		lbClass: sp.LoadBalancerClass, lbIP: sp.LoadBalancerIP, status: s.Status}
 	if len(sp.ClusterIPs) > 1 || (len(sp.ClusterIPs) == 1 && sp.ClusterIPs[0] != sp.ClusterIP) {
-		s.Spec.ClusterIPs = sp.ClusterIPs
+		o.clusterIPs = sp.ClusterIPs
 	}
-	return s, nil
+	if c := sp.SessionAffinityConfig; c != nil && c.ClientIP != nil {
+		o.affTimeout = c.ClientIP.TimeoutSeconds
+	}
+	if len(sp.Ports) > 0 {
+		o.ports = make([]corev1.ServicePort, len(sp.Ports))
+		for i, p := range sp.Ports {
+			o.ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: p.TargetPort}
+		}
+	}
+	return o, nil
 }
 
-// slimSlice keeps the service-name label, the address type, the ports
-// and, of each endpoint, its first address, its ready condition and a
-// Pod target's uid.
-func slimSlice(obj any) (any, error) {
+// service rebuilds the Service from its record.
+func (o *svcObj) service() *corev1.Service {
+	s := &corev1.Service{ObjectMeta: o.objectMeta(), Status: o.status, Spec: corev1.ServiceSpec{
+		Type: o.typ, ClusterIP: o.clusterIP, ClusterIPs: o.clusterIPs, Ports: o.ports, SessionAffinity: o.affinity,
+		LoadBalancerClass: o.lbClass, LoadBalancerIP: o.lbIP,
+	}}
+	if o.affTimeout != nil {
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: o.affTimeout}}
+	}
+	return s
+}
+
+// compactSlice is the EndpointSlice informer's transform.
+func compactSlice(obj any) (any, error) {
 	s, ok := obj.(*discoveryv1.EndpointSlice)
 	if !ok {
 		return obj, nil
 	}
-	slimMeta(&s.ObjectMeta, discoveryv1.LabelServiceName)
-	eps := s.Endpoints
-	for i := range eps {
-		e := &eps[i]
-		var ref *corev1.ObjectReference
-		if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.UID != "" {
-			ref = &corev1.ObjectReference{Kind: r.Kind, UID: r.UID}
+	o := &sliceObj{objMeta: metaOf(&s.ObjectMeta), service: s.Labels[discoveryv1.LabelServiceName],
+		addrType: s.AddressType, ports: s.Ports}
+	if len(s.Endpoints) > 0 {
+		o.eps = make([]sliceEndpoint, len(s.Endpoints))
+		for i, e := range s.Endpoints {
+			if len(e.Addresses) > 0 {
+				o.eps[i].addr = e.Addresses[0]
+			}
+			o.eps[i].ready = e.Conditions.Ready
+			if r := e.TargetRef; r != nil && r.Kind == "Pod" {
+				o.eps[i].pod = r.UID
+			}
 		}
-		*e = discoveryv1.Endpoint{Addresses: e.Addresses[:min(len(e.Addresses), 1):min(len(e.Addresses), 1)],
-			Conditions: discoveryv1.EndpointConditions{Ready: e.Conditions.Ready}, TargetRef: ref}
 	}
-	return s, nil
+	return o, nil
+}
+
+// slice rebuilds the EndpointSlice from its record.
+func (o *sliceObj) slice() *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{ObjectMeta: o.objectMeta(), AddressType: o.addrType, Ports: o.ports}
+	if o.service != "" {
+		s.Labels = map[string]string{discoveryv1.LabelServiceName: o.service}
+	}
+	s.Endpoints = make([]discoveryv1.Endpoint, len(o.eps))
+	for i, e := range o.eps {
+		ep := discoveryv1.Endpoint{Conditions: discoveryv1.EndpointConditions{Ready: e.ready}}
+		if e.addr != "" {
+			ep.Addresses = []string{e.addr}
+		}
+		if e.pod != "" {
+			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", UID: e.pod}
+		}
+		s.Endpoints[i] = ep
+	}
+	return s
 }

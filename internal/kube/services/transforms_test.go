@@ -1,0 +1,85 @@
+package services
+
+import (
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/cache"
+)
+
+// TestCompactRecords checks that the cached records give the reconciler
+// what the full objects would: the same desired load balancer, the same
+// floating IP decision and status, the same store keys; and that the
+// transforms pass records through (they may run twice).
+func TestCompactRecords(t *testing.T) {
+	full := func() (*corev1.Service, []*discoveryv1.EndpointSlice) {
+		s := svcOf("10.96.0.40", sp("http", "", 80, intstr.FromString("web")), sp("dns", corev1.ProtocolUDP, 53, intstr.FromInt32(5353)))
+		s.ResourceVersion, s.Generation = "42", 3
+		s.Labels = map[string]string{"app": "web"}
+		s.Annotations = map[string]string{"a": "b"}
+		s.Spec.Selector = map[string]string{"app": "web"}
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.LoadBalancerClass, s.Spec.LoadBalancerIP = new(DefaultClass), "198.51.100.7"
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: new(int32(60))}}
+		s.Spec.ClusterIPs = []string{"10.96.0.40", "fd00:96::40"}
+		s.Spec.Ports[0].NodePort, s.Spec.Ports[0].AppProtocol = 30080, new("http")
+		vip := corev1.LoadBalancerIPModeVIP
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.7", IPMode: &vip}}
+		s.Status.Conditions = []metav1.Condition{{Type: ConditionFloatingIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated}}
+		a := slice("web-a", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080},
+			ep{"10.32.0.9", nil}, ep{"10.32.0.2", new(false)}, ep{"10.32.0.5", new(true)})
+		a.Labels = map[string]string{discoveryv1.LabelServiceName: "web", "other": "x"}
+		a.Endpoints[0].TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "p", UID: "pod-uid"}
+		a.Endpoints[0].Addresses = append(a.Endpoints[0].Addresses, "10.32.0.99")
+		a.Endpoints[2].NodeName, a.Endpoints[2].Zone = new("n1"), new("z")
+		b := slice("web-b", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8081}, ep{"10.32.0.7", nil})
+		b.Labels = map[string]string{discoveryv1.LabelServiceName: "web"}
+		return s, []*discoveryv1.EndpointSlice{a, b}
+	}
+	s, sls := full()
+	o, err := compactService(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	so := o.(*svcObj)
+	if again, _ := compactService(so); again != so {
+		t.Fatal("the Service transform changed a record")
+	}
+	if k, err := cache.MetaNamespaceKeyFunc(so); err != nil || k != "ns/web" {
+		t.Fatalf("store key %q, %v; want ns/web", k, err)
+	}
+	var rebuilt []*discoveryv1.EndpointSlice
+	for _, sl := range sls {
+		o, err := compactSlice(sl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := compactSlice(o); again != o {
+			t.Fatal("the slice transform changed a record")
+		}
+		if o.(*sliceObj).service != "web" {
+			t.Fatalf("slice %s: service %q, want web", sl.Name, o.(*sliceObj).service)
+		}
+		rebuilt = append(rebuilt, o.(*sliceObj).slice())
+	}
+	s, sls = full() // the transforms may have changed the decoded objects
+	got := desired(so.service(), rebuilt, testSvcCIDR, testVPC)
+	want := desired(s, sls, testSvcCIDR, testVPC)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("desired from records:\n%+v\nfrom objects:\n%+v", got, want)
+	}
+	if len(want.Members) != 3 || want.Members[2].PortID != "pod-pod-uid" || want.Persistence == nil {
+		t.Fatalf("the fixture does not exercise members, targets and affinity: %+v", want)
+	}
+	r := &Reconciler{cfg: Config{Class: DefaultClass, ServiceCIDR: testSvcCIDR}}
+	rs := so.service()
+	if !r.wantsFIP(rs) || !r.ours(rs) || rs.Spec.LoadBalancerIP != s.Spec.LoadBalancerIP ||
+		!reflect.DeepEqual(rs.Status, s.Status) || rs.Generation != 3 || rs.UID != s.UID || rs.ResourceVersion != "42" {
+		t.Fatalf("rebuilt Service %+v lacks what sync reads of %+v", rs, s)
+	}
+}
