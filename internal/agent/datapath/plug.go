@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"kurma.dev/kurma/pkg/kerrors"
@@ -77,6 +78,13 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	defer ph.Close()
 
 	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
+	// The common case, a new port with nothing of it left anywhere, needs
+	// no lookups: the pair is made at once. Anything in the way (either
+	// name taken) fails the creation, and the careful path below sorts it
+	// out; so does any other failure, which it reports.
+	if veth := d.newVeth(p, hostName, br, nsh); d.h.LinkAdd(veth) == nil {
+		return d.finishFresh(ph, p, veth, alias)
+	}
 	host, err := d.h.LinkByName(hostName)
 	switch {
 	case err == nil && host.Attrs().Alias != alias && d.interrupted(host):
@@ -118,40 +126,54 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		}
 		pod = nil
 	}
-	fresh := host == nil
-	if fresh {
-		veth := &netlink.Veth{
-			LinkAttrs: netlink.LinkAttrs{Name: hostName, MTU: d.mtu, MasterIndex: br.Attrs().Index,
-				HardwareAddr: d.sigMAC(hostName)},
-			PeerName:         p.IfName,
-			PeerNamespace:    netlink.NsFd(int(nsh)),
-			PeerHardwareAddr: p.MAC,
-			PeerMTU:          uint32(d.mtu),
-		}
-		if !p.AdminDown {
-			veth.Flags = net.FlagUp
-		}
+	if host == nil {
+		veth := d.newVeth(p, hostName, br, nsh)
 		if err := d.h.LinkAdd(veth); err != nil {
 			return fmt.Errorf("plug port %s: create veth %s: %w", p.ID, hostName, err)
 		}
-		defer func() {
-			if retErr != nil {
-				d.rollbackLink(hostName)
-			}
-		}()
-		// LinkAdd filled in the index; name, MTU, MAC, master and up were
-		// all part of the creation, only the alias is left.
-		if err := d.h.LinkSetAlias(veth, alias); err != nil {
-			return fmt.Errorf("plug port %s: alias %s: %w", p.ID, hostName, err)
-		}
+		return d.finishFresh(ph, p, veth, alias)
 	}
-	if err := configurePod(ph, p, alias, d.mtu, fresh); err != nil {
+	if err := configurePod(ph, p, alias, d.mtu, false); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
-	if !fresh {
-		if err := d.configureHost(host, br, alias, !p.AdminDown); err != nil {
-			return fmt.Errorf("plug port %s: %w", p.ID, err)
+	if err := d.configureHost(host, br, alias, !p.AdminDown); err != nil {
+		return fmt.Errorf("plug port %s: %w", p.ID, err)
+	}
+	return nil
+}
+
+// newVeth is the request that makes a port's pair: the host end on the
+// bridge, the container end in the pod's namespace with the port's MAC,
+// both up unless the port is admin down.
+func (d *Datapath) newVeth(p PortSpec, hostName string, br netlink.Link, nsh netns.NsHandle) *netlink.Veth {
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: hostName, MTU: d.mtu, MasterIndex: br.Attrs().Index,
+			HardwareAddr: d.sigMAC(hostName)},
+		PeerName:         p.IfName,
+		PeerNamespace:    netlink.NsFd(int(nsh)),
+		PeerHardwareAddr: p.MAC,
+		PeerMTU:          uint32(d.mtu),
+	}
+	if !p.AdminDown {
+		veth.Flags = net.FlagUp
+	}
+	return veth
+}
+
+// finishFresh configures a pair newVeth just made, or removes it.
+// LinkAdd filled in the host end's index; its name, MTU, MAC, master and
+// up were all part of the creation, only the alias is left.
+func (d *Datapath) finishFresh(ph *netlink.Handle, p PortSpec, veth *netlink.Veth, alias string) (retErr error) {
+	defer func() {
+		if retErr != nil {
+			d.rollbackLink(veth.Name)
 		}
+	}()
+	if err := d.h.LinkSetAlias(veth, alias); err != nil {
+		return fmt.Errorf("plug port %s: alias %s: %w", p.ID, veth.Name, err)
+	}
+	if err := configurePod(ph, p, alias, d.mtu, true); err != nil {
+		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
 	return nil
 }
