@@ -29,6 +29,9 @@ var phaseSeries = []struct{ label, family, match string }{
 	{"    other port keys' queue wait", "kurma_agent_queue_wait_seconds", "kind=port,urgent=false"},
 	{"    port sync (plug + report)", "kurma_agent_sync_duration_seconds", "kind=port,result=ok"},
 	{"    datapath plug", "kurma_agent_port_plug_duration_seconds", "result=ok"},
+	{"  background: vpc syncs", "kurma_agent_sync_duration_seconds", "kind=vpc,result=ok"},
+	{"  background: guards syncs", "kurma_agent_sync_duration_seconds", "kind=guards,result=ok"},
+	{"  background: lb syncs", "kurma_agent_sync_duration_seconds", "kind=lb,result=ok"},
 }
 
 // hist is one histogram series: cumulative counts by upper bound.

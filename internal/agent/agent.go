@@ -45,7 +45,8 @@ type Config struct {
 	UnderlayIP net.IP
 	Controller Controller
 	Datapath   datapath.Interface
-	// Workers is the number of keys synced in parallel; default 4.
+	// Workers is the number of keys synced in parallel; default 4. With
+	// LocalAttach as many again take only the keys of Attach and Detach.
 	Workers int
 	// Resync is the period of the full level check (orphans, vanished
 	// namespaces); default 30s.
@@ -176,7 +177,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.watchLBs(ctx) })
 	}
 	for range a.cfg.Workers {
-		wg.Go(func() { a.work(ctx) })
+		wg.Go(func() { a.work(ctx, false) })
+	}
+	if a.cfg.LocalAttach {
+		// As many workers again for the keys a CNI ADD or DEL waits on
+		// (Attach, Detach): a burst of new pods fills the general
+		// workers with background syncs (arriving ports, guards, load
+		// balancers, VPCs).
+		for range a.cfg.Workers {
+			wg.Go(func() { a.work(ctx, true) })
+		}
 	}
 	t := time.NewTicker(a.cfg.Resync)
 	defer t.Stop()
@@ -211,9 +221,21 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 }
 
-func (a *Agent) work(ctx context.Context) {
+// work syncs keys until the queue shuts down; urgentOnly takes only
+// urgent keys.
+func (a *Agent) work(ctx context.Context, urgentOnly bool) {
 	for {
-		key, waited, urgent, ok := a.q.GetWaited()
+		var (
+			key        string
+			waited     time.Duration
+			urgent, ok bool
+		)
+		if urgentOnly {
+			key, waited, ok = a.q.GetUrgent()
+			urgent = true
+		} else {
+			key, waited, urgent, ok = a.q.GetWaited()
+		}
 		if !ok {
 			return
 		}

@@ -14,7 +14,8 @@ import (
 // others, in the order they were made urgent.
 type queue struct {
 	mu         sync.Mutex // guards every field below
-	cond       *sync.Cond // signalled when items grows or the queue shuts down
+	cond       *sync.Cond // signalled when a key is ready or the queue shuts down
+	urgentCond *sync.Cond // signalled when an urgent key is ready or the queue shuts down
 	urgent     []string   // urgent keys ready to hand out, in order
 	items      []string   // other keys ready to hand out, in order
 	isUrgent   map[string]bool
@@ -34,7 +35,7 @@ func newQueue(base, max time.Duration) *queue {
 		failures: map[string]int{}, timers: map[string]*time.Timer{},
 		base: base, max: max,
 	}
-	q.cond = sync.NewCond(&q.mu)
+	q.cond, q.urgentCond = sync.NewCond(&q.mu), sync.NewCond(&q.mu)
 	return q
 }
 
@@ -73,6 +74,7 @@ func (q *queue) AddUrgent(key string) {
 			q.items = slices.Delete(q.items, i, i+1)
 		}
 		q.urgent = append(q.urgent, key)
+		q.signalUrgent()
 		return
 	}
 	if !q.dirty[key] {
@@ -80,7 +82,7 @@ func (q *queue) AddUrgent(key string) {
 		q.queuedAt[key] = time.Now()
 		if !q.processing[key] {
 			q.urgent = append(q.urgent, key)
-			q.cond.Signal()
+			q.signalUrgent()
 		}
 	}
 }
@@ -144,10 +146,32 @@ func (q *queue) Get() (key string, ok bool) {
 // added (for a key added while it was processed: since that add), and
 // whether it was urgent.
 func (q *queue) GetWaited() (key string, waited time.Duration, urgent, ok bool) {
+	return q.get(false)
+}
+
+// GetUrgent is GetWaited for a worker that takes only urgent keys, so
+// that a caller waiting on one never waits behind background work.
+func (q *queue) GetUrgent() (key string, waited time.Duration, ok bool) {
+	key, waited, _, ok = q.get(true)
+	return key, waited, ok
+}
+
+// signalUrgent wakes a worker for a new urgent key: an urgent-only one,
+// and a general one (whichever comes first takes it). Callers hold q.mu.
+func (q *queue) signalUrgent() {
+	q.urgentCond.Signal()
+	q.cond.Signal()
+}
+
+func (q *queue) get(urgentOnly bool) (key string, waited time.Duration, urgent, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.urgent) == 0 && len(q.items) == 0 && !q.shutdown {
-		q.cond.Wait()
+	for len(q.urgent) == 0 && (urgentOnly || len(q.items) == 0) && !q.shutdown {
+		if urgentOnly {
+			q.urgentCond.Wait()
+		} else {
+			q.cond.Wait()
+		}
 	}
 	if q.shutdown {
 		return "", 0, false, false
@@ -174,10 +198,11 @@ func (q *queue) Done(key string) {
 	if q.dirty[key] && !q.shutdown {
 		if q.isUrgent[key] {
 			q.urgent = append(q.urgent, key)
+			q.signalUrgent()
 		} else {
 			q.items = append(q.items, key)
+			q.cond.Signal()
 		}
-		q.cond.Signal()
 	}
 }
 
@@ -197,4 +222,5 @@ func (q *queue) Shutdown() {
 		t.Stop()
 	}
 	q.cond.Broadcast()
+	q.urgentCond.Broadcast()
 }

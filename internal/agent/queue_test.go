@@ -129,3 +129,43 @@ func TestQueueUrgent(t *testing.T) {
 		t.Fatalf("waited %v", waited)
 	}
 }
+
+// TestQueueUrgentWorker: a worker that takes only urgent keys gets an
+// urgent key while the general workers are busy, and never a plain one.
+func TestQueueUrgentWorker(t *testing.T) {
+	q := newQueue(time.Millisecond, 10*time.Millisecond)
+	defer q.Shutdown()
+	got := make(chan string, 4)
+	go func() {
+		for {
+			k, _, ok := q.GetUrgent()
+			if !ok {
+				return
+			}
+			got <- k
+			q.Done(k)
+		}
+	}()
+	q.Add("plain")
+	q.Add("moved")
+	q.AddUrgent("moved") // waiting as plain: moves to the urgent line
+	q.AddUrgent("new")
+	for _, want := range []string{"moved", "new"} {
+		select {
+		case k := <-got:
+			if k != want {
+				t.Fatalf("urgent worker got %q, want %q", k, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("urgent worker never got %q", want)
+		}
+	}
+	select {
+	case k := <-got:
+		t.Fatalf("urgent worker got %q", k)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if k, urgent, ok := func() (string, bool, bool) { k, _, u, ok := q.GetWaited(); return k, u, ok }(); k != "plain" || urgent || !ok {
+		t.Fatalf("general worker got %q (urgent %v)", k, urgent)
+	}
+}
