@@ -46,7 +46,8 @@ type Config struct {
 	Controller Controller
 	Datapath   datapath.Interface
 	// Workers is the number of keys synced in parallel; default 4. With
-	// LocalAttach as many again take only the keys of Attach and Detach.
+	// LocalAttach as many again take the keys of Attach and Detach, which
+	// the others leave to them.
 	Workers int
 	// Resync is the period of the full level check (orphans, vanished
 	// namespaces); default 30s.
@@ -176,17 +177,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.lbEnabled() {
 		wg.Go(func() { a.watchLBs(ctx) })
 	}
-	for range a.cfg.Workers {
-		wg.Go(func() { a.work(ctx, false) })
-	}
+	take := takeAny
 	if a.cfg.LocalAttach {
 		// As many workers again for the keys a CNI ADD or DEL waits on
-		// (Attach, Detach): a burst of new pods fills the general
-		// workers with background syncs (arriving ports, guards, load
-		// balancers, VPCs).
+		// (Attach, Detach), and only for them: a burst of new pods
+		// fills the other workers with background syncs (arriving
+		// ports, guards, load balancers, VPCs), and more plugs at once
+		// than that would only share the kernel's locks more ways.
+		take = takePlain
 		for range a.cfg.Workers {
-			wg.Go(func() { a.work(ctx, true) })
+			wg.Go(func() { a.work(ctx, takeUrgent) })
 		}
+	}
+	for range a.cfg.Workers {
+		wg.Go(func() { a.work(ctx, take) })
 	}
 	t := time.NewTicker(a.cfg.Resync)
 	defer t.Stop()
@@ -221,19 +225,22 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 }
 
-// work syncs keys until the queue shuts down; urgentOnly takes only
-// urgent keys.
-func (a *Agent) work(ctx context.Context, urgentOnly bool) {
+// work syncs the keys it takes (takeAny, takeUrgent, takePlain) until
+// the queue shuts down.
+func (a *Agent) work(ctx context.Context, take int) {
 	for {
 		var (
 			key        string
 			waited     time.Duration
 			urgent, ok bool
 		)
-		if urgentOnly {
+		switch take {
+		case takeUrgent:
 			key, waited, ok = a.q.GetUrgent()
 			urgent = true
-		} else {
+		case takePlain:
+			key, waited, ok = a.q.GetPlain()
+		default:
 			key, waited, urgent, ok = a.q.GetWaited()
 		}
 		if !ok {

@@ -146,28 +146,46 @@ func (q *queue) Get() (key string, ok bool) {
 // added (for a key added while it was processed: since that add), and
 // whether it was urgent.
 func (q *queue) GetWaited() (key string, waited time.Duration, urgent, ok bool) {
-	return q.get(false)
+	return q.get(takeAny)
 }
 
 // GetUrgent is GetWaited for a worker that takes only urgent keys, so
 // that a caller waiting on one never waits behind background work.
 func (q *queue) GetUrgent() (key string, waited time.Duration, ok bool) {
-	key, waited, _, ok = q.get(true)
+	key, waited, _, ok = q.get(takeUrgent)
 	return key, waited, ok
 }
 
-// signalUrgent wakes a worker for a new urgent key: an urgent-only one,
-// and a general one (whichever comes first takes it). Callers hold q.mu.
-func (q *queue) signalUrgent() {
-	q.urgentCond.Signal()
-	q.cond.Signal()
+// GetPlain is GetWaited for a worker that leaves urgent keys to the
+// workers of GetUrgent.
+func (q *queue) GetPlain() (key string, waited time.Duration, ok bool) {
+	key, waited, _, ok = q.get(takePlain)
+	return key, waited, ok
 }
 
-func (q *queue) get(urgentOnly bool) (key string, waited time.Duration, urgent, ok bool) {
+// Which keys a worker takes.
+const (
+	takeAny = iota
+	takeUrgent
+	takePlain
+)
+
+// signalUrgent wakes a worker for a new urgent key: one of GetUrgent's,
+// and one of GetWaited's (whichever comes first takes it). Callers hold
+// q.mu.
+func (q *queue) signalUrgent() {
+	q.urgentCond.Signal()
+	q.cond.Broadcast() // a worker of GetPlain may be the one woken
+}
+
+func (q *queue) get(take int) (key string, waited time.Duration, urgent, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.urgent) == 0 && (urgentOnly || len(q.items) == 0) && !q.shutdown {
-		if urgentOnly {
+	for !q.shutdown {
+		if take != takePlain && len(q.urgent) > 0 || take != takeUrgent && len(q.items) > 0 {
+			break
+		}
+		if take == takeUrgent {
 			q.urgentCond.Wait()
 		} else {
 			q.cond.Wait()
@@ -176,7 +194,7 @@ func (q *queue) get(urgentOnly bool) (key string, waited time.Duration, urgent, 
 	if q.shutdown {
 		return "", 0, false, false
 	}
-	if len(q.urgent) > 0 {
+	if take != takePlain && len(q.urgent) > 0 {
 		key, q.urgent = q.urgent[0], q.urgent[1:]
 		urgent = true
 	} else {

@@ -130,8 +130,9 @@ func TestQueueUrgent(t *testing.T) {
 	}
 }
 
-// TestQueueUrgentWorker: a worker that takes only urgent keys gets an
-// urgent key while the general workers are busy, and never a plain one.
+// TestQueueUrgentWorker: a worker that takes only urgent keys gets each
+// urgent key and never a plain one; a plain worker never gets an urgent
+// one.
 func TestQueueUrgentWorker(t *testing.T) {
 	q := newQueue(time.Millisecond, 10*time.Millisecond)
 	defer q.Shutdown()
@@ -165,7 +166,17 @@ func TestQueueUrgentWorker(t *testing.T) {
 		t.Fatalf("urgent worker got %q", k)
 	case <-time.After(50 * time.Millisecond):
 	}
-	if k, urgent, ok := func() (string, bool, bool) { k, _, u, ok := q.GetWaited(); return k, u, ok }(); k != "plain" || urgent || !ok {
-		t.Fatalf("general worker got %q (urgent %v)", k, urgent)
+	// A plain worker leaves urgent keys alone.
+	q.AddUrgent("later")
+	if k, _, ok := q.GetPlain(); k != "plain" || !ok {
+		t.Fatalf("plain worker got %q", k)
+	}
+	select {
+	case k := <-got:
+		if k != "later" {
+			t.Fatalf("urgent worker got %q", k)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("urgent worker never got later")
 	}
 }

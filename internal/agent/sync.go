@@ -48,8 +48,12 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 			// Unplugged: a waiting Detach returns now, before the
 			// status report's round trip to the controller.
 			a.notify(id, plugResult{})
-			if p.VNI != 0 {
-				a.q.Add(vpcKey(p.VNI)) // it may have been the VPC's last port here
+			if p.VNI != 0 && p.Status != controllerapi.StatusPending {
+				// It may have been the VPC's last port here. A PENDING
+				// port was never plugged: a burst of new pods' ports,
+				// waiting for their ADDs, queues no VPC sync, whose
+				// exclusive lock would hold up the plugs.
+				a.q.Add(vpcKey(p.VNI))
 			}
 			if p.Status != controllerapi.StatusPending {
 				err = a.report(ctx, &p, controllerapi.StatusDown, "not attached to a pod")
