@@ -27,6 +27,7 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -75,6 +76,7 @@ func run() error {
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
 	flag.Parse()
+	debugpprof.SampleHeap(*pprofOn)
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug

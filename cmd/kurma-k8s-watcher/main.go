@@ -67,6 +67,7 @@ func run() error {
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
 	flag.Parse()
+	debugpprof.SampleHeap(*debugListen != "")
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,7 +106,13 @@ type Reconciler struct {
 	svcInf   cache.SharedIndexInformer
 	sliceInf cache.SharedIndexInformer
 	svcIdx   cache.Indexer // *svcObj by namespace/name
-	sliceIdx cache.Indexer // *sliceObj by namespace/name, indexed by Service
+	sliceIdx cache.Store   // *sliceObj by namespace/name
+
+	// slicesBy: the keys of each Service's slices (Service key -> slice
+	// keys), kept by the slice handlers; a plain map is a fraction of an
+	// informer index's per-slice cost.
+	sliceMu  sync.Mutex
+	slicesBy map[string][]string // guarded by sliceMu
 	synced   []cache.InformerSynced
 
 	synced0 atomic.Bool // the initial resync is done
@@ -128,8 +135,7 @@ type Reconciler struct {
 }
 
 const (
-	resyncKey    = "\x00resync"
-	serviceIndex = "service"
+	resyncKey = "\x00resync"
 )
 
 // New checks cfg and builds the informers (started by Run).
@@ -192,20 +198,14 @@ func New(cfg Config) (*Reconciler, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-services"}),
 		lbs: map[string]lbPrint{}, fips: map[string]*controllerapi.FloatingIP{},
 		byKey: map[string]string{}, warned: map[types.UID]bool{},
-		waitIP: map[string]map[string]bool{},
+		waitIP: map[string]map[string]bool{}, slicesBy: map[string][]string{},
 	}
 	// Informers of their own, without the namespace index a factory adds
 	// (nothing here lists by namespace), caching compact records of the
 	// fields the reconciler reads (transforms.go): at 10,000 Services the
 	// caches are most of this process's memory.
 	svcInf := coreinformers.NewServiceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{})
-	sliceInf := discoveryinformers.NewEndpointSliceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{
-		serviceIndex: func(obj any) ([]string, error) {
-			if s, ok := obj.(*sliceObj); ok && s.service != "" {
-				return []string{s.ns + "/" + s.service}, nil
-			}
-			return nil, nil
-		}})
+	sliceInf := discoveryinformers.NewEndpointSliceInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{})
 	if err := svcInf.SetTransform(compactService); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
@@ -223,13 +223,13 @@ func New(cfg Config) (*Reconciler, error) {
 			r.enqueue(s.key())
 		}
 	}
-	enqueueSlice := func(o any) {
+	// sliceOf unwraps a tombstone.
+	sliceOf := func(o any) *sliceObj {
 		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			o = t.Obj
 		}
-		if s, ok := o.(*sliceObj); ok && s.service != "" {
-			r.enqueue(s.ns + "/" + s.service)
-		}
+		s, _ := o.(*sliceObj)
+		return s
 	}
 	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueueSvc, UpdateFunc: func(_, o any) { enqueueSvc(o) }, DeleteFunc: enqueueSvc,
@@ -237,19 +237,49 @@ func New(cfg Config) (*Reconciler, error) {
 		return nil, fmt.Errorf("services: %w", err)
 	}
 	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueueSlice,
+		AddFunc: func(o any) { r.sliceMoved(nil, sliceOf(o)) },
 		UpdateFunc: func(old, o any) {
 			// A slice that moved to another Service updates both.
-			enqueueSlice(old)
-			enqueueSlice(o)
+			r.sliceMoved(sliceOf(old), sliceOf(o))
 		},
-		DeleteFunc: enqueueSlice,
+		DeleteFunc: func(o any) { r.sliceMoved(sliceOf(o), nil) },
 	}); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
 	r.bc = record.NewBroadcaster()
 	r.rec = r.bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kurma-k8s-services"})
 	return r, nil
+}
+
+// sliceMoved records that a slice left the Service of old and joined the
+// Service of cur (nil: none) and enqueues both.
+func (r *Reconciler) sliceMoved(old, cur *sliceObj) {
+	var from, to, key string
+	if old != nil && old.service != "" {
+		from, key = old.ns+"/"+old.service, old.key()
+	}
+	if cur != nil && cur.service != "" {
+		to, key = cur.ns+"/"+cur.service, cur.key()
+	}
+	r.sliceMu.Lock()
+	if from != "" && from != to {
+		ks := slices.DeleteFunc(r.slicesBy[from], func(k string) bool { return k == key })
+		if len(ks) == 0 {
+			delete(r.slicesBy, from)
+		} else {
+			r.slicesBy[from] = slices.Clip(ks)
+		}
+	}
+	if to != "" && !slices.Contains(r.slicesBy[to], key) {
+		r.slicesBy[to] = append(slices.Clip(r.slicesBy[to]), key)
+	}
+	r.sliceMu.Unlock()
+	if from != "" {
+		r.enqueue(from)
+	}
+	if to != "" && to != from {
+		r.enqueue(to)
+	}
 }
 
 // enqueue schedules a Service's sync after the coalescing window: the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,14 +50,17 @@ func (r *Reconciler) wantsFIP(svc *corev1.Service) bool {
 }
 
 func (r *Reconciler) slicesOf(key string) []*discoveryv1.EndpointSlice {
-	objs, err := r.sliceIdx.ByIndex(serviceIndex, key)
-	if err != nil {
-		return nil
-	}
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, o := range objs {
-		if s, ok := o.(*sliceObj); ok {
-			out = append(out, s.slice())
+	r.sliceMu.Lock()
+	keys := slices.Clone(r.slicesBy[key])
+	r.sliceMu.Unlock()
+	out := make([]*discoveryv1.EndpointSlice, 0, len(keys))
+	for _, k := range keys {
+		if o, ok, err := r.sliceIdx.GetByKey(k); err == nil && ok {
+			// A slice relabelled to another Service since the map was
+			// updated is not this one's (its handler enqueues both).
+			if s, ok := o.(*sliceObj); ok && s.ns+"/"+s.service == key {
+				out = append(out, s.slice())
+			}
 		}
 	}
 	return out

@@ -52,7 +52,7 @@ type svcObj struct {
 	affTimeout *int32
 	lbClass    *string
 	lbIP       string
-	status     corev1.ServiceStatus
+	status     *corev1.ServiceStatus // nil when empty (a ClusterIP Service's)
 }
 
 // sliceObj is the cached record of an EndpointSlice.
@@ -72,6 +72,25 @@ type sliceEndpoint struct {
 	pod   types.UID
 }
 
+// The values of a few enumerated fields, so that records share one copy
+// instead of each keeping the decoder's.
+var (
+	serviceTypes = []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeLoadBalancer,
+		corev1.ServiceTypeNodePort, corev1.ServiceTypeExternalName}
+	affinities = []corev1.ServiceAffinity{corev1.ServiceAffinityNone, corev1.ServiceAffinityClientIP}
+	protocols  = []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
+)
+
+// intern returns the element of known equal to v, else v.
+func intern[T ~string](v T, known []T) T {
+	for _, k := range known {
+		if k == v {
+			return k
+		}
+	}
+	return v
+}
+
 // compactService is the Service informer's transform.
 func compactService(obj any) (any, error) {
 	s, ok := obj.(*corev1.Service)
@@ -79,8 +98,12 @@ func compactService(obj any) (any, error) {
 		return obj, nil
 	}
 	sp := &s.Spec
-	o := &svcObj{objMeta: metaOf(&s.ObjectMeta), typ: sp.Type, clusterIP: sp.ClusterIP, affinity: sp.SessionAffinity,
-		lbClass: sp.LoadBalancerClass, lbIP: sp.LoadBalancerIP, status: s.Status}
+	o := &svcObj{objMeta: metaOf(&s.ObjectMeta), typ: intern(sp.Type, serviceTypes), clusterIP: sp.ClusterIP,
+		affinity: intern(sp.SessionAffinity, affinities), lbClass: sp.LoadBalancerClass, lbIP: sp.LoadBalancerIP}
+	if len(s.Status.LoadBalancer.Ingress) > 0 || len(s.Status.Conditions) > 0 {
+		st := s.Status // a copy: a pointer into s would keep all of s
+		o.status = &st
+	}
 	if len(sp.ClusterIPs) > 1 || (len(sp.ClusterIPs) == 1 && sp.ClusterIPs[0] != sp.ClusterIP) {
 		o.clusterIPs = sp.ClusterIPs
 	}
@@ -90,7 +113,8 @@ func compactService(obj any) (any, error) {
 	if len(sp.Ports) > 0 {
 		o.ports = make([]corev1.ServicePort, len(sp.Ports))
 		for i, p := range sp.Ports {
-			o.ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: p.TargetPort}
+			o.ports[i] = corev1.ServicePort{Name: p.Name, Protocol: intern(p.Protocol, protocols), Port: p.Port,
+				TargetPort: p.TargetPort}
 		}
 	}
 	return o, nil
@@ -98,10 +122,13 @@ func compactService(obj any) (any, error) {
 
 // service rebuilds the Service from its record.
 func (o *svcObj) service() *corev1.Service {
-	s := &corev1.Service{ObjectMeta: o.objectMeta(), Status: o.status, Spec: corev1.ServiceSpec{
+	s := &corev1.Service{ObjectMeta: o.objectMeta(), Spec: corev1.ServiceSpec{
 		Type: o.typ, ClusterIP: o.clusterIP, ClusterIPs: o.clusterIPs, Ports: o.ports, SessionAffinity: o.affinity,
 		LoadBalancerClass: o.lbClass, LoadBalancerIP: o.lbIP,
 	}}
+	if o.status != nil {
+		s.Status = *o.status
+	}
 	if o.affTimeout != nil {
 		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: o.affTimeout}}
 	}

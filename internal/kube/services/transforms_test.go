@@ -8,7 +8,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+
+	"kurma.dev/kurma/pkg/controllerapi"
 )
 
 // TestCompactRecords checks that the cached records give the reconciler
@@ -81,5 +84,43 @@ func TestCompactRecords(t *testing.T) {
 	if !r.wantsFIP(rs) || !r.ours(rs) || rs.Spec.LoadBalancerIP != s.Spec.LoadBalancerIP ||
 		!reflect.DeepEqual(rs.Status, s.Status) || rs.Generation != 3 || rs.UID != s.UID || rs.ResourceVersion != "42" {
 		t.Fatalf("rebuilt Service %+v lacks what sync reads of %+v", rs, s)
+	}
+}
+
+// TestSliceMoved: the Service -> slices map follows adds, relabels and
+// deletes, and each change enqueues the Services it touches.
+func TestSliceMoved(t *testing.T) {
+	r, err := New(Config{Kube: fake.NewClientset(), Controller: (*controllerapi.Client)(nil),
+		ServiceCIDR: testSvcCIDR})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.q.ShutDown)
+	sl := func(name, svc string) *sliceObj {
+		return &sliceObj{objMeta: objMeta{ns: "ns", name: name}, service: svc}
+	}
+	steps := []struct {
+		old, cur *sliceObj
+		want     map[string][]string
+	}{
+		{nil, sl("a", "one"), map[string][]string{"ns/one": {"ns/a"}}},
+		{sl("a", "one"), sl("a", "one"), map[string][]string{"ns/one": {"ns/a"}}},
+		{nil, sl("b", "one"), map[string][]string{"ns/one": {"ns/a", "ns/b"}}},
+		{sl("a", "one"), sl("a", "two"), map[string][]string{"ns/one": {"ns/b"}, "ns/two": {"ns/a"}}},
+		{sl("b", "one"), sl("b", ""), map[string][]string{"ns/two": {"ns/a"}}},
+		{sl("a", "two"), nil, map[string][]string{}},
+	}
+	for i, st := range steps {
+		r.sliceMoved(st.old, st.cur)
+		if !reflect.DeepEqual(r.slicesBy, st.want) {
+			t.Fatalf("step %d: %v, want %v", i, r.slicesBy, st.want)
+		}
+	}
+	// Every step enqueued (after the coalescing window) what it touched.
+	want := map[string]bool{"ns/one": true, "ns/two": true}
+	for len(want) > 0 {
+		k, _ := r.q.Get()
+		delete(want, k)
+		r.q.Done(k)
 	}
 }
