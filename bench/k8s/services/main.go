@@ -522,7 +522,10 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	wrss, _ := hwm(b.procs["watcher"])
 	arss, _ := hwm(b.procs["agent"])
 	r.rssKiB = wrss + arss
-	fmt.Printf("  (e) ours peak RSS watcher %.0f MiB + agent %.0f MiB\n", float64(wrss)/1024, float64(arss)/1024)
+	wcpu, _ := cpuTime(b.procs["watcher"])
+	acpu, _ := cpuTime(b.procs["agent"])
+	fmt.Printf("  (e) ours peak RSS watcher %.0f MiB + agent %.0f MiB (CPU since start: watcher %.1f s, agent %.1f s)\n",
+		float64(wrss)/1024, float64(arss)/1024, wcpu.Seconds(), acpu.Seconds())
 	if b.profile != "" {
 		if err := b.saveProfiles(ctx, n); err != nil {
 			return r, err
@@ -774,6 +777,27 @@ func hwm(p *kubecluster.Process) (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM")
+}
+
+// cpuTime returns a process's user + system CPU time so far.
+func cpuTime(p *kubecluster.Process) (time.Duration, error) {
+	if p == nil {
+		return 0, errors.New("no process")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command (which may hold spaces): state is the 3rd
+	// field, utime and stime the 14th and 15th, in clock ticks (100/s).
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, errors.New("short /proc stat")
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond, nil
 }
 
 // getElem asks the kernel for one element (NFT_MSG_GETSETELEM, no dump)

@@ -267,6 +267,13 @@ type lbPrint struct {
 	members [16]byte
 }
 
+// lbEntry is a Service's load balancer as the reconciler knows it: its
+// id is LBID(uid).
+type lbEntry struct {
+	uid types.UID
+	lbPrint
+}
+
 // printOf is the print of a load balancer the controller returned.
 func printOf(lb *capi.LoadBalancer) lbPrint {
 	ls, ms := normalize(lb)

@@ -35,7 +35,7 @@
 // Service. kill -9 at any moment followed by a restart therefore converges
 // with nothing stale and nothing duplicated.
 //
-// Locking: Reconciler.mu guards the caches (lbs, fips, byKey, warned); it
+// Locking: Reconciler.mu guards the caches (lbs, fips, warned); it
 // is never held across a controller or Kubernetes call.
 //
 // It speaks to the controller only through pkg/controllerapi and runs

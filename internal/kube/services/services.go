@@ -117,10 +117,11 @@ type Reconciler struct {
 
 	synced0 atomic.Bool // the initial resync is done
 
-	mu     sync.Mutex
-	lbs    map[string]lbPrint                   // guarded by mu; by id, as last returned
+	mu sync.Mutex
+	// lbs: by Service key, the load balancer the controller last
+	// returned for it (one entry per Service: no separate id index).
+	lbs    map[string]lbEntry                   // guarded by mu
 	fips   map[string]*controllerapi.FloatingIP // guarded by mu; by id
-	byKey  map[string]string                    // guarded by mu; namespace/name -> lb id
 	warned map[types.UID]bool                   // guarded by mu; Services told the external network is missing
 	extOK  bool                                 // guarded by mu; the external network exists
 	// extSaid: the absence of the external network was logged; it is
@@ -196,8 +197,8 @@ func New(cfg Config) (*Reconciler, error) {
 				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(1000), 5000)},
 			),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-services"}),
-		lbs: map[string]lbPrint{}, fips: map[string]*controllerapi.FloatingIP{},
-		byKey: map[string]string{}, warned: map[types.UID]bool{},
+		lbs: map[string]lbEntry{}, fips: map[string]*controllerapi.FloatingIP{},
+		warned: map[types.UID]bool{},
 		waitIP: map[string]map[string]bool{}, slicesBy: map[string][]string{},
 	}
 	// Informers of their own, without the namespace index a factory adds

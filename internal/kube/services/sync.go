@@ -89,7 +89,10 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 	svc := r.service(key)
 	r.mu.Lock()
 	vpc := r.vpcPrefix
-	old := r.byKey[key]
+	var old string
+	if e, ok := r.lbs[key]; ok {
+		old = LBID(e.uid)
+	}
 	r.mu.Unlock()
 	var w *wanted
 	if svc != nil {
@@ -109,7 +112,7 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 	for _, m := range w.Warnings {
 		r.log.Warn("services: "+m, "service", key)
 	}
-	if err := r.ensureLB(ctx, key, w); err != nil {
+	if err := r.ensureLB(ctx, key, svc.UID, w); err != nil {
 		return err
 	}
 	if r.wantsFIP(svc) {
@@ -130,36 +133,38 @@ func (r *Reconciler) remove(ctx context.Context, key, id string) error {
 		return fmt.Errorf("delete load balancer %s: %w", id, err)
 	}
 	r.mu.Lock()
-	delete(r.lbs, id)
-	if key != "" && r.byKey[key] == id {
-		delete(r.byKey, key)
+	if e, ok := r.lbs[key]; ok && LBID(e.uid) == id {
+		delete(r.lbs, key)
 	}
 	r.mu.Unlock()
 	r.log.Debug("services: removed", "service", key, "id", id)
 	return nil
 }
 
-func (r *Reconciler) store(key, id string, p lbPrint) {
+func (r *Reconciler) store(key string, uid types.UID, p lbPrint) {
 	r.mu.Lock()
-	r.lbs[id] = p
-	r.byKey[key] = id
+	r.lbs[key] = lbEntry{uid: uid, lbPrint: p}
 	r.mu.Unlock()
 }
 
 // ensureLB sends the smallest change that makes the controller's load
 // balancer equal w: none, one member replacement, one update, or a create
 // (a create that finds the id taken adopts the load balancer).
-func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) error {
+// uid is the Service's (w.ID is made of it; the entry keeps the cached
+// Service's copy).
+func (r *Reconciler) ensureLB(ctx context.Context, key string, uid types.UID, w *wanted) error {
 	r.mu.Lock()
-	cur, ok := r.lbs[w.ID]
+	e, ok := r.lbs[key]
 	r.mu.Unlock()
+	ok = ok && e.uid == uid
+	cur := e.lbPrint
 	if !ok {
 		lb, err := r.c.CreateLoadBalancer(ctx, r.cfg.Project, controllerapi.LoadBalancer{
 			ID: w.ID, Name: w.Name, Description: Description, VIPSubnetID: r.cfg.ServiceSubnet, VIPAddress: w.VIP,
 			Listeners: w.Listeners, Members: w.Members, SessionPersistence: w.Persistence,
 		})
 		if err == nil {
-			r.store(key, lb.ID, printOf(lb))
+			r.store(key, uid, printOf(lb))
 			r.log.Debug("services: created", "service", key, "id", lb.ID, "vip", lb.VIPAddress, "members", len(lb.Members))
 			return nil
 		}
@@ -181,13 +186,13 @@ func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) error 
 		if err := r.remove(ctx, key, w.ID); err != nil {
 			return err
 		}
-		return r.ensureLB(ctx, key, w)
+		return r.ensureLB(ctx, key, uid, w)
 	}
 	var lb *controllerapi.LoadBalancer
 	var err error
 	switch {
 	case cur == want:
-		r.store(key, w.ID, cur)
+		r.store(key, uid, cur)
 		return nil
 	case cur.spec == want.spec:
 		lb, err = r.c.SetMembers(ctx, r.cfg.Project, w.ID, w.Members)
@@ -208,14 +213,14 @@ func (r *Reconciler) ensureLB(ctx context.Context, key string, w *wanted) error 
 	if errors.Is(err, kerrors.NotFound) {
 		// Deleted behind our back: forget it and create it again.
 		r.mu.Lock()
-		delete(r.lbs, w.ID)
+		delete(r.lbs, key)
 		r.mu.Unlock()
-		return r.ensureLB(ctx, key, w)
+		return r.ensureLB(ctx, key, uid, w)
 	}
 	if err != nil {
 		return fmt.Errorf("update load balancer %s: %w", w.ID, err)
 	}
-	r.store(key, lb.ID, printOf(lb))
+	r.store(key, uid, printOf(lb))
 	r.log.Debug("services: updated", "service", key, "id", lb.ID, "members", len(lb.Members))
 	return nil
 }
@@ -442,8 +447,7 @@ func (r *Reconciler) resync(ctx context.Context) error {
 		}
 	}
 	var stale int
-	newLBs := make(map[string]lbPrint, len(lbs))
-	byKey := map[string]string{}
+	newLBs := make(map[string]lbEntry, len(lbs))
 	for i := range lbs {
 		lb := &lbs[i]
 		if !strings.HasPrefix(lb.ID, LBPrefix) {
@@ -457,7 +461,7 @@ func (r *Reconciler) resync(ctx context.Context) error {
 			stale++
 			continue
 		}
-		newLBs[lb.ID], byKey[key] = printOf(lb), lb.ID
+		newLBs[key] = lbEntry{uid: types.UID(lb.ID[len(LBPrefix):]), lbPrint: printOf(lb)}
 	}
 	newFIPs := map[string]*controllerapi.FloatingIP{}
 	for i := range fips {
@@ -475,7 +479,7 @@ func (r *Reconciler) resync(ctx context.Context) error {
 		newFIPs[f.ID] = f
 	}
 	r.mu.Lock()
-	r.lbs, r.fips, r.byKey = newLBs, newFIPs, byKey
+	r.lbs, r.fips = newLBs, newFIPs
 	r.mu.Unlock()
 	for _, k := range keys {
 		r.q.Add(k)

@@ -60,8 +60,17 @@ type sliceObj struct {
 	objMeta
 	service  string // its kubernetes.io/service-name label
 	addrType discoveryv1.AddressType
-	ports    []discoveryv1.EndpointPort
+	ports    []slicePort
 	eps      []sliceEndpoint
+}
+
+// slicePort is an EndpointPort without its pointers (nil Name and
+// Protocol read as "" and TCP, as desired reads them).
+type slicePort struct {
+	name    string
+	proto   corev1.Protocol
+	port    int32
+	hasPort bool
 }
 
 // sliceEndpoint is an endpoint's first address, its ready condition and
@@ -79,6 +88,9 @@ var (
 		corev1.ServiceTypeNodePort, corev1.ServiceTypeExternalName}
 	affinities = []corev1.ServiceAffinity{corev1.ServiceAffinityNone, corev1.ServiceAffinityClientIP}
 	protocols  = []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
+
+	addressTypes = []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6,
+		discoveryv1.AddressTypeFQDN}
 )
 
 // intern returns the element of known equal to v, else v.
@@ -142,7 +154,16 @@ func compactSlice(obj any) (any, error) {
 		return obj, nil
 	}
 	o := &sliceObj{objMeta: metaOf(&s.ObjectMeta), service: s.Labels[discoveryv1.LabelServiceName],
-		addrType: s.AddressType, ports: s.Ports}
+		addrType: intern(s.AddressType, addressTypes)}
+	if len(s.Ports) > 0 {
+		o.ports = make([]slicePort, len(s.Ports))
+		for i, p := range s.Ports {
+			o.ports[i] = slicePort{name: strp(p.Name), proto: intern(ptrProto(p.Protocol), protocols)}
+			if p.Port != nil {
+				o.ports[i].port, o.ports[i].hasPort = *p.Port, true
+			}
+		}
+	}
 	if len(s.Endpoints) > 0 {
 		o.eps = make([]sliceEndpoint, len(s.Endpoints))
 		for i, e := range s.Endpoints {
@@ -160,7 +181,14 @@ func compactSlice(obj any) (any, error) {
 
 // slice rebuilds the EndpointSlice from its record.
 func (o *sliceObj) slice() *discoveryv1.EndpointSlice {
-	s := &discoveryv1.EndpointSlice{ObjectMeta: o.objectMeta(), AddressType: o.addrType, Ports: o.ports}
+	s := &discoveryv1.EndpointSlice{ObjectMeta: o.objectMeta(), AddressType: o.addrType}
+	for _, p := range o.ports {
+		ep := discoveryv1.EndpointPort{Name: &p.name, Protocol: &p.proto}
+		if p.hasPort {
+			ep.Port = &p.port
+		}
+		s.Ports = append(s.Ports, ep)
+	}
 	if o.service != "" {
 		s.Labels = map[string]string{discoveryv1.LabelServiceName: o.service}
 	}
