@@ -74,11 +74,13 @@ type Path struct {
 	sets   [numSets]*nftables.Set
 	affSet *nftables.Set
 
-	mu        sync.Mutex // guards everything below
-	lbs       map[string]*LB
-	fips      map[string]*FIP
-	fipsOfLB  map[string]map[string]bool // lb id -> ids of its FIPs
-	owned     map[string][]elem          // "lb:"/"fip:" + id -> the elements it contributes (exact length: one per LB)
+	mu       sync.Mutex // guards everything below
+	lbs      map[string]*LB
+	fips     map[string]*FIP
+	fipsOfLB map[string]map[string]bool // lb id -> ids of its FIPs
+	// owned: per owner kind (ownLB, ownFIP), id -> the elements it
+	// contributes (exact length; keyed by the object's own ID string).
+	owned     [2]map[string][]elem
 	want      map[elem]wantVal
 	have      map[elem]string // mirror of the kernel
 	pending   map[elem]bool   // keys whose kernel state may differ from want
@@ -124,7 +126,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	}
 	p := &Path{cfg: cfg, log: cfg.Logger,
 		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
-		owned: map[string][]elem{}, want: map[elem]wantVal{}, have: map[elem]string{},
+		owned: [2]map[string][]elem{{}, {}}, want: map[elem]wantVal{}, have: map[elem]string{},
 		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
 		affPurge: map[string]bool{}}
 	nsPath := cfg.HostNS
@@ -363,7 +365,7 @@ func (p *Path) Apply(ctx context.Context, ch Changes) error {
 	for _, id := range ch.DeleteFIP {
 		p.setFIP(&FIP{ID: id}, touched)
 		delete(p.fips, id)
-		p.setContrib("fip:"+id, nil)
+		p.setContrib(ownFIP, id, nil)
 	}
 	for id := range touched {
 		p.refreshLB(id)
@@ -402,18 +404,18 @@ func (p *Path) setFIP(f *FIP, touched map[string]bool) {
 	if p.cfg.ExtIface != "" {
 		fipElems(f, p.cfg.ExtIface, func(e elem, v string) { cs = append(cs, contrib{e, v}) })
 	}
-	p.setContrib("fip:"+f.ID, cs)
+	p.setContrib(ownFIP, f.ID, cs)
 }
 
 func (p *Path) refreshLB(id string) {
 	l, ok := p.lbs[id]
 	if !ok {
-		p.setContrib("lb:"+id, nil)
+		p.setContrib(ownLB, id, nil)
 		return
 	}
 	var cs []contrib
 	lbElems(l, p.frontends(l), func(e elem, v string) { cs = append(cs, contrib{e, v}) })
-	p.setContrib("lb:"+id, cs)
+	p.setContrib(ownLB, l.ID, cs)
 }
 
 // frontends are the addresses l answers on: its VIP on its interface and
@@ -433,9 +435,17 @@ func (p *Path) frontends(l *LB) []frontend {
 	return fronts
 }
 
-// setContrib replaces what owner contributes to the wanted elements.
-func (p *Path) setContrib(owner string, cs []contrib) {
-	for _, e := range p.owned[owner] {
+// Owner kinds of Path.owned.
+const (
+	ownLB = iota
+	ownFIP
+)
+
+// setContrib replaces what owner id of kind contributes to the wanted
+// elements.
+func (p *Path) setContrib(kind int, id string, cs []contrib) {
+	owned := p.owned[kind]
+	for _, e := range owned[id] {
 		w, ok := p.want[e]
 		if !ok {
 			continue
@@ -467,13 +477,13 @@ func (p *Path) setContrib(owner string, cs []contrib) {
 		p.pending[c.e] = true
 	}
 	if len(cs) == 0 {
-		delete(p.owned, owner)
+		delete(owned, id)
 	} else {
 		es := make([]elem, len(cs))
 		for i, c := range cs {
 			es[i] = c.e
 		}
-		p.owned[owner] = es
+		owned[id] = es
 	}
 }
 
@@ -791,7 +801,7 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lbs, p.fips, p.fipsOfLB = map[string]*LB{}, map[string]*FIP{}, map[string]map[string]bool{}
-	p.owned, p.want, p.chainRefs = map[string][]elem{}, map[elem]wantVal{}, map[string]int{}
+	p.owned, p.want, p.chainRefs = [2]map[string][]elem{{}, {}}, map[elem]wantVal{}, map[string]int{}
 	touched := map[string]bool{}
 	for i := range s.LBs {
 		l := cloneLB(&s.LBs[i])
