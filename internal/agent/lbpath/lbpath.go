@@ -80,9 +80,12 @@ type Path struct {
 	fipsOfLB map[string]map[string]bool // lb id -> ids of its FIPs
 	// owned: per owner kind (ownLB, ownFIP), id -> the elements it
 	// contributes (exact length; keyed by the object's own ID string).
-	owned     [2]map[string][]elem
-	want      map[elem]wantVal
-	have      map[elem]string // mirror of the kernel
+	owned [2]map[string][]elem
+	// els: every element wanted or in the kernel, with both states (one
+	// map rather than a wanted map and a kernel mirror: at tens of
+	// thousands of load balancers these maps are most of the agent's
+	// memory).
+	els       map[elem]slot
 	pending   map[elem]bool   // keys whose kernel state may differ from want
 	chains    map[string]bool // pick chains that exist in the kernel
 	chainRefs map[string]int  // pick chain -> services elements that want it
@@ -107,9 +110,53 @@ type contrib struct {
 	val string
 }
 
-type wantVal struct {
-	val  string
-	refs int
+// slot is an element's wanted and kernel states.
+type slot struct {
+	want string // the wanted value, when refs > 0
+	have string // the kernel's value, when in
+	refs int32  // owners that want it; 0: not wanted
+	in   bool   // the kernel holds it (as last read or written)
+}
+
+// setSlot stores s, or forgets e when it is neither wanted nor in the
+// kernel.
+func (p *Path) setSlot(e elem, s slot) {
+	if s.refs <= 0 && !s.in {
+		delete(p.els, e)
+		return
+	}
+	p.els[e] = s
+}
+
+// setHave records the kernel's state of e.
+func (p *Path) setHave(e elem, in bool, val string) {
+	s := p.els[e]
+	s.in, s.have = in, val
+	if !in {
+		s.have = ""
+	}
+	p.setSlot(e, s)
+}
+
+// clearHave forgets the kernel's state of every element (before it is
+// read again).
+func (p *Path) clearHave() {
+	for e, s := range p.els {
+		if s.in {
+			s.in, s.have = false, ""
+			p.setSlot(e, s)
+		}
+	}
+}
+
+// clearWant forgets what is wanted (before a Sync recomputes it).
+func (p *Path) clearWant() {
+	for e, s := range p.els {
+		if s.refs > 0 {
+			s.refs, s.want = 0, ""
+			p.setSlot(e, s)
+		}
+	}
 }
 
 // New opens the host namespace and writes the table skeleton (table,
@@ -126,7 +173,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	}
 	p := &Path{cfg: cfg, log: cfg.Logger,
 		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
-		owned: [2]map[string][]elem{{}, {}}, want: map[elem]wantVal{}, have: map[elem]string{},
+		owned: [2]map[string][]elem{{}, {}}, els: map[elem]slot{},
 		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
 		affPurge: map[string]bool{}}
 	nsPath := cfg.HostNS
@@ -446,34 +493,33 @@ const (
 func (p *Path) setContrib(kind int, id string, cs []contrib) {
 	owned := p.owned[kind]
 	for _, e := range owned[id] {
-		w, ok := p.want[e]
-		if !ok {
+		w, ok := p.els[e]
+		if !ok || w.refs <= 0 {
 			continue
 		}
 		w.refs--
 		if w.refs <= 0 {
-			delete(p.want, e)
-			p.chainRef(e, w.val, -1)
-		} else {
-			p.want[e] = w
+			p.chainRef(e, w.want, -1)
+			w.want = ""
 		}
+		p.setSlot(e, w)
 		p.pending[e] = true
 	}
 	for _, c := range cs {
-		w, ok := p.want[c.e]
+		w := p.els[c.e]
 		switch {
-		case !ok:
-			w = wantVal{val: c.val}
+		case w.refs <= 0:
+			w.want = c.val
 			p.chainRef(c.e, c.val, 1)
-		case w.val != c.val:
+		case w.want != c.val:
 			// Two owners disagree (e.g. the same VIP and port twice): the
 			// later one wins.
-			p.chainRef(c.e, w.val, -1)
+			p.chainRef(c.e, w.want, -1)
 			p.chainRef(c.e, c.val, 1)
-			w.val = c.val
+			w.want = c.val
 		}
 		w.refs++
-		p.want[c.e] = w
+		p.els[c.e] = w
 		p.pending[c.e] = true
 	}
 	if len(cs) == 0 {
@@ -533,21 +579,19 @@ func (p *Path) commit(ctx context.Context) error {
 
 	var ops, routeOps []op
 	for e := range p.pending {
+		sl := p.els[e]
+		wok, hok := sl.refs > 0, sl.in
 		if e.set == setRoute {
-			_, wok := p.want[e]
-			_, hok := p.have[e]
 			if wok != hok {
 				routeOps = append(routeOps, op{e: e, del: hok})
 			}
 			continue
 		}
-		w, wok := p.want[e]
-		h, hok := p.have[e]
-		if hok && (!wok || w.val != h) {
+		if hok && (!wok || sl.want != sl.have) {
 			ops = append(ops, op{e: e, del: true})
 		}
-		if wok && (!hok || w.val != h) {
-			ops = append(ops, op{e: e, val: w.val})
+		if wok && (!hok || sl.want != sl.have) {
+			ops = append(ops, op{e: e, val: sl.want})
 		}
 	}
 	// Deletions first (a replaced element is deleted, then added), grouped
@@ -593,11 +637,7 @@ func (p *Path) commit(ctx context.Context) error {
 			return fmt.Errorf("lbpath: nft transaction of %d changes: %w", len(tx), err)
 		}
 		for _, o := range tx {
-			if o.del {
-				delete(p.have, o.e)
-			} else {
-				p.have[o.e] = o.val
-			}
+			p.setHave(o.e, !o.del, o.val)
 		}
 	}
 	clear(p.pending)
@@ -749,7 +789,7 @@ func (p *Path) syncRoutes(ops []op) error {
 		link, err := p.nlh.LinkByName(iface)
 		if err != nil {
 			if o.del {
-				delete(p.have, o.e) // gone with its interface
+				p.setHave(o.e, false, "") // gone with its interface
 			} else {
 				errs = append(errs, fmt.Errorf("route %v on %s: %w", a, iface, err))
 			}
@@ -761,13 +801,13 @@ func (p *Path) syncRoutes(ops []op) error {
 				errs = append(errs, fmt.Errorf("delete route %v on %s: %w", a, iface, err))
 				continue
 			}
-			delete(p.have, o.e)
+			p.setHave(o.e, false, "")
 		} else {
 			if err := p.nlh.RouteReplace(r); err != nil {
 				errs = append(errs, fmt.Errorf("add route %v on %s: %w", a, iface, err))
 				continue
 			}
-			p.have[o.e] = ""
+			p.setHave(o.e, true, "")
 		}
 	}
 	if len(errs) > 0 {
@@ -801,7 +841,8 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lbs, p.fips, p.fipsOfLB = map[string]*LB{}, map[string]*FIP{}, map[string]map[string]bool{}
-	p.owned, p.want, p.chainRefs = [2]map[string][]elem{{}, {}}, map[elem]wantVal{}, map[string]int{}
+	p.owned, p.chainRefs = [2]map[string][]elem{{}, {}}, map[string]int{}
+	p.clearWant()
 	touched := map[string]bool{}
 	for i := range s.LBs {
 		l := cloneLB(&s.LBs[i])
@@ -840,10 +881,7 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 		return fmt.Errorf("lbpath: prepare sets %s: %w", gen, err)
 	}
 	p.useGen(gen)
-	for e := range p.have {
-		p.pending[e] = true
-	}
-	for e := range p.want {
+	for e := range p.els {
 		p.pending[e] = true
 	}
 	p.syncing = true
@@ -882,6 +920,17 @@ func (p *Path) readKernel(ctx context.Context) error {
 // when elements is set (else the mirror holds no element).
 func (p *Path) read(ctx context.Context, elements bool) error {
 	have := map[elem]string{}
+	replaced := false
+	defer func() {
+		// Once the elements are read, they (and the routes read after
+		// them) replace the kernel state of every element.
+		if replaced {
+			p.clearHave()
+			for e, v := range have {
+				p.setHave(e, true, v)
+			}
+		}
+	}()
 	for s := range numSets {
 		if !elements {
 			break
@@ -895,7 +944,7 @@ func (p *Path) read(ctx context.Context, elements bool) error {
 			have[elem{uint8(s), string(el.Key)}] = val
 		}
 	}
-	p.have = have
+	replaced = true
 	// Through netlink: `nft list chains` loads every element of the
 	// table first, seconds at tens of thousands.
 	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
@@ -978,7 +1027,10 @@ func (p *Path) Counts() map[string]int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := map[string]int{"chains": len(p.chains)}
-	for e := range p.have {
+	for e, sl := range p.els {
+		if !sl.in {
+			continue
+		}
 		if e.set == setRoute {
 			out["routes"]++
 		} else {
