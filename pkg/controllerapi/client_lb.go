@@ -2,10 +2,15 @@ package controllerapi
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"iter"
 	"net/http"
 	"net/url"
 	"strconv"
+
+	"kurma.dev/kurma/pkg/kerrors"
 )
 
 // Load balancers.
@@ -45,6 +50,98 @@ func (c *Client) ListLoadBalancers(ctx context.Context, projectID string) ([]Loa
 	var out LoadBalancersBody
 	err := c.do(ctx, http.MethodGet, lbPath(projectID), nil, nil, &out)
 	return out.LoadBalancers, err
+}
+
+// EachLoadBalancer calls fn with each of a project's load balancers as
+// the listing is decoded, one at a time: a caller that keeps a digest of
+// each never holds the whole listing (tens of thousands of load
+// balancers). The *LoadBalancer is reused for the next; fn must not keep
+// it. An error from fn stops the listing and is returned.
+func (c *Client) EachLoadBalancer(ctx context.Context, projectID string, fn func(*LoadBalancer) error) error {
+	path := lbPath(projectID)
+	req, err := c.newRequest(ctx, http.MethodGet, path, nil, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("GET %s: %w", path, err)
+		}
+		return fmt.Errorf("GET %s: %w", path, kerrors.New(kerrors.Unavailable, "%v", err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return decodeError(http.MethodGet, path, resp)
+	}
+	var lb LoadBalancer
+	err = EachInArray(resp.Body, "loadbalancers", func(dec *json.Decoder) error {
+		lb = LoadBalancer{}
+		if err := dec.Decode(&lb); err != nil {
+			return err
+		}
+		return fn(&lb)
+	})
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	return nil
+}
+
+// EachInArray reads a JSON object from r and calls elem for each element
+// of its array member field, with the decoder positioned at the element
+// (elem must decode exactly one value). Other members are skipped; a
+// missing or null field calls elem never. Only one element is in memory
+// at a time.
+func EachInArray(r io.Reader, field string, elem func(dec *json.Decoder) error) error {
+	dec := json.NewDecoder(r)
+	if err := expectDelim(dec, '{'); err != nil {
+		return err
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("decode response: %w", err)
+		}
+		name, _ := t.(string)
+		if name != field {
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return fmt.Errorf("decode response: %w", err)
+			}
+			continue
+		}
+		t, err = dec.Token()
+		if err != nil {
+			return fmt.Errorf("decode response: %w", err)
+		}
+		if t == nil {
+			continue // null
+		}
+		if d, ok := t.(json.Delim); !ok || d != '[' {
+			return fmt.Errorf("decode response: %s is %v, want an array", field, t)
+		}
+		for dec.More() {
+			if err := elem(dec); err != nil {
+				return err
+			}
+		}
+		if err := expectDelim(dec, ']'); err != nil {
+			return err
+		}
+	}
+	return expectDelim(dec, '}')
+}
+
+func expectDelim(dec *json.Decoder, want json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("decode response: %w", err)
+	}
+	if d, ok := t.(json.Delim); !ok || d != want {
+		return fmt.Errorf("decode response: got %v, want %v", t, want)
+	}
+	return nil
 }
 
 // ListAllLoadBalancers lists the load balancers of every project (what an

@@ -37,7 +37,7 @@ type Controller interface {
 	GetVPC(ctx context.Context, projectID, id string) (*controllerapi.VPC, error)
 	GetSubnet(ctx context.Context, projectID, id string) (*controllerapi.Subnet, error)
 	CreateSubnet(ctx context.Context, projectID string, s controllerapi.Subnet) (*controllerapi.Subnet, error)
-	ListLoadBalancers(ctx context.Context, projectID string) ([]controllerapi.LoadBalancer, error)
+	EachLoadBalancer(ctx context.Context, projectID string, fn func(*controllerapi.LoadBalancer) error) error
 	GetLoadBalancer(ctx context.Context, projectID, id string) (*controllerapi.LoadBalancer, error)
 	CreateLoadBalancer(ctx context.Context, projectID string, lb controllerapi.LoadBalancer) (*controllerapi.LoadBalancer, error)
 	UpdateLoadBalancer(ctx context.Context, projectID, id string, u controllerapi.LoadBalancerUpdate) (*controllerapi.LoadBalancer, error)

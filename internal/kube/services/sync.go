@@ -419,7 +419,14 @@ func (r *Reconciler) resync(ctx context.Context) error {
 	if err := r.checkExternal(ctx); err != nil {
 		r.log.Warn("services: resync: external network lookup failed", "err", err)
 	}
-	lbs, err := r.c.ListLoadBalancers(ctx, r.cfg.Project)
+	// Streamed: only the print of each of ours is kept, never the listing.
+	listed := map[string]lbPrint{} // id -> print
+	err := r.c.EachLoadBalancer(ctx, r.cfg.Project, func(lb *controllerapi.LoadBalancer) error {
+		if strings.HasPrefix(lb.ID, LBPrefix) {
+			listed[lb.ID] = printOf(lb)
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("resync: list load balancers: %w", err)
 	}
@@ -447,21 +454,17 @@ func (r *Reconciler) resync(ctx context.Context) error {
 		}
 	}
 	var stale int
-	newLBs := make(map[string]lbEntry, len(lbs))
-	for i := range lbs {
-		lb := &lbs[i]
-		if !strings.HasPrefix(lb.ID, LBPrefix) {
-			continue
-		}
-		key, ok := wantLB[lb.ID]
+	newLBs := make(map[string]lbEntry, len(listed))
+	for id, p := range listed {
+		key, ok := wantLB[id]
 		if !ok {
-			if err := r.remove(ctx, "", lb.ID); err != nil {
+			if err := r.remove(ctx, "", id); err != nil {
 				return fmt.Errorf("resync: %w", err)
 			}
 			stale++
 			continue
 		}
-		newLBs[key] = lbEntry{uid: types.UID(lb.ID[len(LBPrefix):]), lbPrint: printOf(lb)}
+		newLBs[key] = lbEntry{uid: types.UID(id[len(LBPrefix):]), lbPrint: p}
 	}
 	newFIPs := map[string]*controllerapi.FloatingIP{}
 	for i := range fips {
