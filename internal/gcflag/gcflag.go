@@ -9,8 +9,8 @@ import (
 )
 
 // Default is the --gc-percent default: a collection once the heap has
-// grown by a quarter over what the last one left live.
-const Default = 25
+// grown by a tenth over what the last one left live.
+const Default = 10
 
 // Flag is a registered --gc-percent.
 type Flag struct {

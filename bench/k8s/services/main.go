@@ -526,6 +526,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	acpu, _ := cpuTime(b.procs["agent"])
 	fmt.Printf("  (e) ours peak RSS watcher %.0f MiB + agent %.0f MiB (CPU since start: watcher %.1f s, agent %.1f s)\n",
 		float64(wrss)/1024, float64(arss)/1024, wcpu.Seconds(), acpu.Seconds())
+	fmt.Printf("      now: watcher %s; agent %s\n", rssSplit(b.procs["watcher"]), rssSplit(b.procs["agent"]))
 	if b.profile != "" {
 		if err := b.saveProfiles(ctx, n); err != nil {
 			return r, err
@@ -777,6 +778,26 @@ func hwm(p *kubecluster.Process) (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM")
+}
+
+// rssSplit returns a process's current resident memory by kind
+// (anonymous: heap and stacks; file: its binary's pages).
+func rssSplit(p *kubecluster.Process) string {
+	if p == nil {
+		return "?"
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && (f[0] == "RssAnon:" || f[0] == "RssFile:") {
+			kib, _ := strconv.ParseInt(f[1], 10, 64)
+			out = append(out, fmt.Sprintf("%s %.1f MiB", strings.TrimSuffix(f[0], ":"), float64(kib)/1024))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // cpuTime returns a process's user + system CPU time so far.
