@@ -83,18 +83,19 @@ type Agent struct {
 	q   *queue
 	m   *metrics // nil without Config.Metrics
 
-	mu       sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters, awaiting
-	attach   map[string]Attachment            // local attachments by port id (LocalAttach)
-	waiters  map[string][]chan plugResult     // callers of Attach/Detach by port id
-	awaiting map[string]time.Time             // Attach calls waiting for their port to arrive, since when
-	ports    map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
-	hosts    map[string]net.IP                // underlay address by host id
-	subnets  map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
-	ready    map[uint32]bool                  // VPCs whose remotes are programmed
-	gateways map[uint32]map[string]bool       // gateways each VPC was last ensured with
-	empty    map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
-	synced   chan struct{}                    // closed after the first port list
-	lb       lbCache                          // load balancers and floating IPs
+	mu         sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters, awaiting, unreported
+	attach     map[string]Attachment            // local attachments by port id (LocalAttach)
+	waiters    map[string][]chan plugResult     // callers of Attach/Detach by port id
+	awaiting   map[string]time.Time             // Attach calls waiting for their port to arrive, since when
+	unreported map[string]string                // ports an urgent sync plugged, by namespace: their status report follows
+	ports      map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
+	hosts      map[string]net.IP                // underlay address by host id
+	subnets    map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
+	ready      map[uint32]bool                  // VPCs whose remotes are programmed
+	gateways   map[uint32]map[string]bool       // gateways each VPC was last ensured with
+	empty      map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
+	synced     chan struct{}                    // closed after the first port list
+	lb         lbCache                          // load balancers and floating IPs
 
 	vpcMu    sync.Mutex               // guards vpcLocks
 	vpcLocks map[uint32]*sync.RWMutex // one per VNI: shared by plugs, exclusive for VPC changes
@@ -135,7 +136,7 @@ func New(cfg Config) (*Agent, error) {
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
 		lb:     newLBCache(),
-		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{},
+		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{},
 	}, nil
 }
 
@@ -248,7 +249,7 @@ func (a *Agent) work(ctx context.Context, take int) {
 		}
 		a.m.observeWait(key, waited, urgent)
 		start := time.Now()
-		err := a.sync(ctx, key)
+		err := a.sync(ctx, key, urgent)
 		a.m.observeSync(key, start, err)
 		a.q.Done(key)
 		switch {
@@ -261,11 +262,12 @@ func (a *Agent) work(ctx context.Context, take int) {
 	}
 }
 
-func (a *Agent) sync(ctx context.Context, key string) error {
+// sync syncs one key; urgent says a CNI ADD or DEL waits on it.
+func (a *Agent) sync(ctx context.Context, key string, urgent bool) error {
 	kind, id, _ := strings.Cut(key, "/")
 	switch kind {
 	case "p":
-		return a.syncPort(ctx, id)
+		return a.syncPort(ctx, id, urgent)
 	case "g":
 		return a.syncGuards(ctx)
 	case "l":

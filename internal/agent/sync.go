@@ -16,8 +16,11 @@ import (
 const maxReason = 400
 
 // syncPort makes one port's datapath state match the cache: plugged and
-// reported UP when it is bound here, unplugged otherwise.
-func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
+// reported UP when it is bound here, unplugged otherwise. An urgent sync
+// (a CNI ADD waits on it) in Kubernetes mode plugs only: the status report,
+// a round trip to the controller, follows in a plain sync of the same key
+// (so that the two never cross), which does not plug again.
+func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr error) {
 	p, ok := a.cachedPort(id)
 	if !ok && !a.isSynced() {
 		// Not listed yet: absence means nothing. The first list ends with
@@ -35,6 +38,10 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 			a.notify(id, *res)
 		}
 	}()
+	a.mu.Lock()
+	plugged, justPlugged := a.unreported[id]
+	delete(a.unreported, id)
+	a.mu.Unlock()
 	if !ok || !a.isLocal(&p) || a.unattached(&p) {
 		err := a.dp.Unplug(ctx, id)
 		if errors.Is(err, kerrors.Conflict) || errors.Is(err, kerrors.Invalid) {
@@ -79,6 +86,9 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 		a.q.Add(vpcKey(spec.VNI)) // it may have been the VPC's last port here
 		return a.report(ctx, &p, controllerapi.StatusDown, reason)
 	}
+	if justPlugged && plugged == spec.NetNS {
+		return a.reportPlugged(ctx, &p, spec)
+	}
 	// Ensuring the VPC takes its lock exclusively; plugging shares it, so
 	// ports of one VPC plug in parallel but never while the VPC is being
 	// changed or removed.
@@ -120,10 +130,23 @@ func (a *Agent) syncPort(ctx context.Context, id string) (retErr error) {
 	// Plugged: a waiting Attach returns now; the UP report to the
 	// controller follows (a failed report is retried by the queue).
 	a.notify(id, plugResult{plugged: true})
-	if spec.AdminDown {
-		return a.report(ctx, &p, controllerapi.StatusDown, "admin_state_up is false")
+	if urgent && a.cfg.LocalAttach {
+		// Free this worker for the next ADD: a plain sync reports.
+		a.mu.Lock()
+		a.unreported[id] = spec.NetNS
+		a.mu.Unlock()
+		a.q.Add(portKey(id))
+		return nil
 	}
-	return a.report(ctx, &p, controllerapi.StatusUp, "")
+	return a.reportPlugged(ctx, &p, spec)
+}
+
+// reportPlugged tells the controller a plugged port's status.
+func (a *Agent) reportPlugged(ctx context.Context, p *controllerapi.Port, spec datapath.PortSpec) error {
+	if spec.AdminDown {
+		return a.report(ctx, p, controllerapi.StatusDown, "admin_state_up is false")
+	}
+	return a.report(ctx, p, controllerapi.StatusUp, "")
 }
 
 // netnsGone reports whether a namespace path no longer exists.

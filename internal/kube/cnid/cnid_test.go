@@ -125,10 +125,14 @@ func TestDriver(t *testing.T) {
 		if got := nettest.IP(t, p.netns, "-br", "addr", "show", "eth0"); !strings.Contains(got, n.IPs[0]) || !strings.Contains(got, "UP") {
 			t.Fatalf("eth0 in %s: %s", p.name, got)
 		}
-		port, err := e.Ctl.GetPort(ctx, n.ProjectID, n.PortID)
-		if err != nil || port.Status != "UP" {
-			t.Fatalf("port after ADD: %+v, %v", port, err)
-		}
+		// The agent reports UP after the ADD has returned.
+		e.Eventually(10*time.Second, "port UP after ADD", func() error {
+			port, err := e.Ctl.GetPort(ctx, n.ProjectID, n.PortID)
+			if err != nil || port.Status != "UP" {
+				return fmt.Errorf("port after ADD: %+v, %v", port, err)
+			}
+			return nil
+		})
 		if out, code := shim(t, e, call{"CHECK", p.cid, p.netns, cniArgs("drv", p.name, p.uid), withPrev(pconf, out)}); code != 0 {
 			t.Fatalf("CHECK %s: %s", p.name, out)
 		}
