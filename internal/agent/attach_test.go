@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// TestAttachLocal: in Kubernetes mode (LocalAttach) a port without a
+// namespace waits unplugged and unreported; Attach returns once it is
+// plugged, and UP is reported after (by a plain sync); a Detach right
+// after an Attach never leaves the port reported UP.
+func TestAttachLocal(t *testing.T) {
+	ctx := t.Context()
+	dp, _ := newTestDatapath(t)
+	port := func(id, mac, ip string) controllerapi.Port {
+		return controllerapi.Port{ID: id, ProjectID: "proj", BindingHostID: "h1", VNI: 9, MACAddress: mac,
+			Status: controllerapi.StatusPending, RevisionNumber: 1,
+			FixedIPs: []controllerapi.FixedIP{{SubnetID: "s", IPAddress: ip, CIDR: "10.9.0.0/24", GatewayIP: "10.9.0.1"}}}
+	}
+	fc := &fakeController{
+		statuses: map[string][]string{}, live: make(chan controllerapi.Event, 4),
+		hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}},
+		ports: []controllerapi.Port{port("one", "02:00:00:00:09:05", "10.9.0.5"), port("two", "02:00:00:00:09:06", "10.9.0.6")},
+	}
+	a, err := New(Config{HostID: "h1", UnderlayIP: net.ParseIP("192.0.2.1"), Controller: fc, Datapath: dp, LocalAttach: true,
+		Resync: 200 * time.Millisecond, BackoffBase: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	until := func(what string, f func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !f() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	<-a.Synced()
+	// A resync's worth of syncs of the unattached ports: nothing plugged
+	// or reported.
+	until("a resync", func() bool { return a.q.Len() == 0 })
+	time.Sleep(300 * time.Millisecond)
+	if ports, _ := dp.ListPorts(ctx); len(ports) != 0 || len(fc.status("one")) != 0 {
+		t.Fatalf("unattached ports: plugged %v, statuses %v", ports, fc.status("one"))
+	}
+
+	ns1 := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := a.Attach(actx, "one", Attachment{NetNS: ns1, IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if out := nettest.IP(t, ns1, "-br", "addr", "show", "eth0"); !strings.Contains(out, "10.9.0.5/24") || !strings.Contains(out, "UP") {
+		t.Fatalf("eth0 after Attach: %s", out)
+	}
+	until("one UP", func() bool { return slices.Equal(fc.status("one"), []string{controllerapi.StatusUp}) })
+
+	ns2 := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	if _, err := a.Attach(actx, "two", Attachment{NetNS: ns2, IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Detach(actx, "two"); err != nil {
+		t.Fatal(err)
+	}
+	if got := nettest.Links(t, ns2); !slices.Equal(got, []string{"lo"}) {
+		t.Fatalf("links after Detach: %v", got)
+	}
+	// Either UP was reported before the Detach (then DOWN follows), or the
+	// Detach came first and the port was never reported at all.
+	until("the queue drained", func() bool { return a.q.Len() == 0 })
+	time.Sleep(300 * time.Millisecond) // a resync: its syncs may not report UP
+	if s := fc.status("two"); len(s) != 0 && !slices.Equal(s, []string{controllerapi.StatusUp, controllerapi.StatusDown}) {
+		t.Fatalf("statuses of an attach then detach: %v", s)
+	}
+}
