@@ -91,3 +91,24 @@ func (n *Node) Start(ctx context.Context, c *kubecluster.Cluster) error {
 		}
 	}
 }
+
+// WaitDrained waits until every sandbox the agent attached is gone: each
+// sandbox's DEL removes its attachment record. Call it after deleting the
+// pods and before the cluster's Close stops the agent.
+func (n *Node) WaitDrained(ctx context.Context, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ents, err := os.ReadDir(filepath.Join(n.StateDir, "k8s"))
+		if err == nil && len(ents) == 0 {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("%d sandboxes still attached after %s: %w", len(ents), limit, ctx.Err())
+		}
+	}
+}

@@ -108,7 +108,7 @@ func run(ctx context.Context, adds, present int) (err error) {
 	// Close waits until the kubelet tore every sandbox down, so each
 	// sandbox's DEL reaches the agent.
 	defer func() {
-		if derr := drain(context.WithoutCancel(ctx), c, node.StateDir); derr != nil && err == nil {
+		if derr := drain(context.WithoutCancel(ctx), c, node); derr != nil && err == nil {
 			err = derr
 		}
 	}()
@@ -174,32 +174,14 @@ func run(ctx context.Context, adds, present int) (err error) {
 }
 
 // drain deletes the bench's pods and waits until the kubelet has torn
-// their sandboxes down: the agent removes a sandbox's attachment record
-// on its DEL.
-func drain(ctx context.Context, c *kubecluster.Cluster, stateDir string) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
+// their sandboxes down through the agent.
+func drain(ctx context.Context, c *kubecluster.Cluster, node *kurmanode.Node) error {
 	zero := int64(0)
 	if err := c.Client.CoreV1().Pods(nsName).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero},
 		metav1.ListOptions{LabelSelector: "bench=reach"}); err != nil {
 		return err
 	}
-	if err := c.WaitNoPods(ctx, nsName, "bench=reach"); err != nil {
-		return err
-	}
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ents, err := os.ReadDir(filepath.Join(stateDir, "k8s"))
-		if err == nil && len(ents) == 0 {
-			return nil
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			return fmt.Errorf("%d sandboxes still attached: %w", len(ents), ctx.Err())
-		}
-	}
+	return node.WaitDrained(ctx, 2*time.Minute)
 }
 
 // pod is an echo pod on node, labelled for the bench and its role.
