@@ -30,6 +30,7 @@ import (
 	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/cniwire"
+	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
@@ -75,6 +76,8 @@ func run() error {
 		k8sConfDir    = flag.String("k8s-install-cni-conf-dir", "", "Kubernetes mode: write the kurma conflist into this directory")
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
+	niceness := flag.Int("nice", 0, "CPU priority of the agent (nice value, -20 to 19; 0: as started). A negative value keeps "+
+		"pod plugs from waiting for a CPU behind a burst of sandbox starts (bench/README.md); it needs CAP_SYS_NICE")
 	flag.Parse()
 	debugpprof.SampleHeap(*pprofOn)
 	level := slog.LevelInfo
@@ -87,6 +90,12 @@ func run() error {
 		return err
 	}
 	log.Info("go gc target", "gc_percent", gc, "from", gcFrom)
+	if *niceness != 0 {
+		if err := nice.Set(*niceness); err != nil {
+			return fmt.Errorf("--nice: %w", err)
+		}
+		log.Info("cpu priority", "nice", *niceness)
+	}
 
 	if *hostID == "" {
 		h, err := os.Hostname()
