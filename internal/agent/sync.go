@@ -162,7 +162,7 @@ func netnsGone(path string) (bool, string) {
 // local pod reaches a pod of another subnet that has no port on this host
 // only when that subnet is on-link here (routed between the bridge's
 // gateways, then bridged to the VXLAN device). The caller holds the VPC's
-// lock exclusively.
+// lock: exclusively, or shared in programVPC (one sync of a VPC at a time).
 func (a *Agent) ensureVPC(ctx context.Context, vni uint32, extra ...datapath.PortSpec) error {
 	specs := append(a.localSpecs(vni), extra...)
 	gws := gatewaysOf(append(specs, a.remoteGatewaySpecs(vni)...))
@@ -207,6 +207,16 @@ func (a *Agent) forgetVPC(vni uint32) {
 // port uses it any more.
 func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
 	l := a.vpcLock(vni)
+	// A VPC that keeps local ports is programmed under the shared lock:
+	// its gateways and remotes are nothing a plug touches, and under a
+	// burst of pods an exclusive lock here stalls every plug behind the
+	// ones in flight. Only the removal of a VPC is exclusive.
+	l.RLock()
+	done, err := a.programVPC(ctx, vni)
+	l.RUnlock()
+	if done {
+		return err
+	}
 	l.Lock()
 	defer l.Unlock()
 	// Only local ports that can be plugged keep a VPC here: one whose
@@ -263,6 +273,46 @@ func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
 	a.ready[vni] = true
 	a.mu.Unlock()
 	return nil
+}
+
+// programVPC ensures a VPC that has local ports and programs its remote
+// ports (done true); with no local port it does nothing (done false). The
+// caller holds the VPC's lock, shared at least: only one sync of a VPC
+// runs at a time (one queue key), and a plug that ensures the VPC takes
+// the lock exclusively.
+func (a *Agent) programVPC(ctx context.Context, vni uint32) (done bool, err error) {
+	nlocal := 0
+	for _, s := range a.localSpecs(vni) {
+		if gone, _ := netnsGone(s.NetNS); !gone {
+			nlocal++
+		}
+	}
+	if nlocal == 0 {
+		return false, nil
+	}
+	a.mu.Lock()
+	var remotes []datapath.Remote
+	for _, p := range a.ports {
+		if p.VNI != vni || a.isLocal(p) {
+			continue
+		}
+		if r, ok := toRemote(p, a.hosts[p.BindingHostID]); ok {
+			remotes = append(remotes, r)
+		}
+	}
+	delete(a.empty, vni)
+	a.mu.Unlock()
+	if err := a.ensureVPC(ctx, vni); err != nil {
+		a.forgetVPC(vni)
+		return true, err
+	}
+	if err := a.dp.SetRemotes(ctx, vni, remotes); err != nil {
+		return true, err
+	}
+	a.mu.Lock()
+	a.ready[vni] = true
+	a.mu.Unlock()
+	return true, nil
 }
 
 // lingerLeft says how much longer an empty VPC is kept: it starts the
