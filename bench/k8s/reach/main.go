@@ -20,7 +20,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,6 +39,7 @@ import (
 
 	"kurma.dev/kurma/bench/internal/benchutil"
 	"kurma.dev/kurma/bench/internal/kurmanode"
+	"kurma.dev/kurma/internal/kube/cnid"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	capi "kurma.dev/kurma/pkg/controllerapi"
 )
@@ -133,7 +133,7 @@ func run(ctx context.Context, adds, present int) (err error) {
 			client = p
 		}
 	}
-	netnsPath, err := podNetNS(node.StateDir, client)
+	netnsPath, err := cnid.PodNetNS(filepath.Join(node.StateDir, "k8s"), string(client.UID))
 	if err != nil {
 		return err
 	}
@@ -246,30 +246,6 @@ func waitLBs(ctx context.Context, ctl *capi.Client, n int) error {
 			return fmt.Errorf("%d of %d load balancers with their members: %w", last, n, ctx.Err())
 		}
 	}
-}
-
-// podNetNS reads a pod's network namespace from the agent's attachment
-// records.
-func podNetNS(stateDir string, p corev1.Pod) (string, error) {
-	dir := filepath.Join(stateDir, "k8s")
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return "", err
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		var r struct {
-			NetNS  string `json:"netns"`
-			PodUID string `json:"pod_uid"`
-		}
-		if json.Unmarshal(b, &r) == nil && r.PodUID == string(p.UID) {
-			return r.NetNS, nil
-		}
-	}
-	return "", fmt.Errorf("no attachment record for pod %s", p.Name)
 }
 
 // probe dials addr from inside netnsPath until one of backends answers

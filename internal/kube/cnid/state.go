@@ -95,3 +95,24 @@ func (s store) load() (map[string]*record, []error) {
 	}
 	return out, errs
 }
+
+// PodNetNS returns the network namespace of a pod's attachment among the
+// records in dir (the agent's --state-dir/k8s), for tools and tests. It
+// only reads: unlike load, it leaves a record being written alone.
+func PodNetNS(dir, podUID string) (string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("attachments: %w", err)
+	}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		var r record
+		if err == nil && json.Unmarshal(b, &r) == nil && r.PodUID == podUID {
+			return r.NetNS, nil
+		}
+	}
+	return "", kerrors.New(kerrors.NotFound, "no attachment of pod %s in %s", podUID, dir)
+}

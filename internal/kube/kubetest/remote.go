@@ -2,7 +2,6 @@ package kubetest
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -18,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kurma.dev/kurma/internal/kube/cnid"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
 
@@ -42,26 +42,11 @@ func Deployment(namespace, name string, replicas int32) *appsv1.Deployment {
 // records.
 func (a *Agent) PodNetNS(t testing.TB, p corev1.Pod) string {
 	t.Helper()
-	dir := filepath.Join(a.StateDir, "k8s")
-	ents, err := os.ReadDir(dir)
+	path, err := cnid.PodNetNS(filepath.Join(a.StateDir, "k8s"), string(p.UID))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("pod %s/%s: %v", p.Namespace, p.Name, err)
 	}
-	for _, x := range ents {
-		b, err := os.ReadFile(filepath.Join(dir, x.Name()))
-		if err != nil {
-			continue
-		}
-		var r struct {
-			NetNS  string `json:"netns"`
-			PodUID string `json:"pod_uid"`
-		}
-		if json.Unmarshal(b, &r) == nil && r.PodUID == string(p.UID) {
-			return r.NetNS
-		}
-	}
-	t.Fatalf("no attachment of pod %s/%s", p.Namespace, p.Name)
-	return ""
+	return path
 }
 
 // Forward listens on addr inside the namespace nsPath and relays every
