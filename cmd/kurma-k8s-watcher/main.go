@@ -23,6 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -63,6 +66,7 @@ func run() error {
 		lbClass       = flag.String("load-balancer-class", "kurma.dev/floating-ip", "loadBalancerClass served besides unset")
 		svcLease      = flag.String("services-lease-name", "kurma-k8s-services", "name of the Services reconciler's leader Lease")
 		debugListen   = flag.String("debug-listen", "", "address serving Go's /debug/pprof/ (empty: none; profiles reveal internals, keep it local)")
+		metricsListen = flag.String("metrics-listen", "127.0.0.1:9698", "address serving GET /metrics (Prometheus) and GET /healthz (empty: none; an address in use is logged, not fatal)")
 		verbose       = flag.Bool("v", false, "debug logging")
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
@@ -109,8 +113,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := watcher.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, Pool: pfx,
-		SubnetBits: *subnetBits, Workers: *workers, Resync: *resync, Logger: log}
+		SubnetBits: *subnetBits, Workers: *workers, Resync: *resync, Metrics: reg, Logger: log}
 	if *leaderElect {
 		id := *identity
 		if id == "" {
@@ -150,8 +156,20 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if *debugListen != "" {
-		if err := serveDebug(ctx, *debugListen, log); err != nil {
+		mux := http.NewServeMux()
+		debugpprof.Register(mux)
+		if err := serve(ctx, *debugListen, mux, log); err != nil {
 			return fmt.Errorf("--debug-listen: %w", err)
+		}
+	}
+	if *metricsListen != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		if err := serve(ctx, *metricsListen, mux, log); err != nil {
+			// Another replica's metrics on this host's address: the
+			// network matters more than its figures.
+			log.Error("metrics not served", "addr", *metricsListen, "err", err)
 		}
 	}
 	log.Info("kurma-k8s-watcher starting", "controller", *controllerURL, "project", *project, "vpc", *vpc,
@@ -164,14 +182,12 @@ func run() error {
 	return err
 }
 
-// serveDebug serves /debug/pprof/ on addr until ctx ends.
-func serveDebug(ctx context.Context, addr string, log *slog.Logger) error {
+// serve serves mux on addr until ctx ends.
+func serve(ctx context.Context, addr string, mux *http.ServeMux, log *slog.Logger) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	debugpprof.Register(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -179,10 +195,10 @@ func serveDebug(ctx context.Context, addr string, log *slog.Logger) error {
 	}()
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("debug server", "err", err)
+			log.Error("http server", "addr", addr, "err", err)
 		}
 	}()
-	log.Info("debug listening", "addr", l.Addr().String())
+	log.Info("listening", "addr", l.Addr().String())
 	return nil
 }
 

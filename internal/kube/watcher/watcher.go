@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -62,8 +63,11 @@ type Config struct {
 	// Resync is the period of the full resync (default 60s).
 	Resync time.Duration
 	// Lease, when set, turns leader election on.
-	Lease  *Lease
-	Logger *slog.Logger
+	Lease *Lease
+	// Metrics, when set, receives the watcher's Prometheus metrics
+	// (docs/kubernetes.md).
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger
 }
 
 // Owner is the device_owner of every port the watcher creates.
@@ -77,6 +81,7 @@ type Watcher struct {
 	c    Controller
 	log  *slog.Logger
 	q    workqueue.TypedRateLimitingInterface[string]
+	m    *metrics
 
 	factory informers.SharedInformerFactory
 	pods    listersv1.PodLister
@@ -144,6 +149,7 @@ func New(cfg Config) (*Watcher, error) {
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-watcher"}),
 		subnets: map[string]*controllerapi.Subnet{},
 	}
+	w.m = newMetrics(cfg.Metrics, w.q.Len)
 	// No informer resync: the watcher's own full resync covers drift.
 	w.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
 	podInf := w.factory.Core().V1().Pods()
@@ -273,7 +279,9 @@ func (w *Watcher) work(ctx context.Context) {
 		if quit {
 			return
 		}
+		start := time.Now()
 		err := w.sync(ctx, key)
+		w.m.observe(key, start, err)
 		switch {
 		case err == nil || ctx.Err() != nil:
 			w.q.Forget(key)

@@ -3,7 +3,10 @@ package watcher_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -105,6 +108,16 @@ func TestPodsNamespacesNodes(t *testing.T) {
 			t.Fatalf("port %s: %+v, %v", c.n.PortID, p, err)
 		}
 	}
+	// Its /metrics counts the pod syncs; /healthz answers.
+	for path, want := range map[string]string{
+		"/metrics": `kurma_k8s_watcher_sync_duration_seconds_count{kind="pod",result="ok"}`,
+		"/healthz": "ok",
+	} {
+		body := get(t, e, "http://127.0.0.1:9698"+path)
+		if !strings.Contains(body, want) {
+			t.Fatalf("GET %s lacks %q:\n%s", path, want, body)
+		}
+	}
 	// Neither the hostNetwork pod nor the unscheduled one gets a port.
 	byDev, err := e.PortsByDevice(project)
 	if err != nil || len(byDev) != 2 {
@@ -173,6 +186,23 @@ func TestPodsNamespacesNodes(t *testing.T) {
 }
 
 func metav1UID(s string) types.UID { return types.UID(s) }
+
+// get fetches url from inside the cluster's namespace (where the watcher
+// runs) and returns the body of a 200.
+func get(t *testing.T, e *kubetest.Env, url string) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: e.C.DialContext}}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v: %s", url, resp.Status, err, b)
+	}
+	return string(b)
+}
 
 // TestKill9Converges kills the watcher with SIGKILL while it works through
 // 30 pods, some of which are deleted meanwhile; a restarted watcher leaves
