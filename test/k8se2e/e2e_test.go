@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -74,18 +73,7 @@ func reachPod(t *testing.T, fromNetNS string, to corev1.Pod) {
 // TestKubernetesPodNetworking is the end-to-end proof.
 func TestKubernetesPodNetworking(t *testing.T) {
 	testutil.RequireRoot(t)
-	sockDir, err := os.MkdirTemp("", "kurma-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
-	sock := filepath.Join(sockDir, "cni.sock")
-	binDir := t.TempDir()
-	if err := os.Symlink(filepath.Join(kubecluster.BinDir(), "kurma-k8s"), filepath.Join(binDir, "kurma-k8s")); err != nil {
-		t.Fatal(err)
-	}
-	e := kubetest.Start(t, kubecluster.Options{ControllerManager: true, Scheduler: true,
-		CNIConfList: kubetest.ConfList(sock), CNIBinDir: binDir})
+	e, sock := kubetest.StartWithDriver(t, kubecluster.Options{ControllerManager: true, Scheduler: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	kc := e.C.Client
@@ -283,17 +271,7 @@ func secondNode(t *testing.T, e *kubetest.Env, ctx context.Context, n2 string, w
 		t.Fatal(err)
 	}
 	podNS := nettest.NewNS(t, testutil.UniqueName("ke2p"))
-	confDir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(confDir, "10-kurma.conflist"), kubetest.ConfList(sock), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cnitool := func(verb string) (string, error) {
-		cmd := exec.CommandContext(ctx, filepath.Join(kubecluster.BinDir(), "tools", "cnitool"), verb, "kurma", podNS)
-		cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+kubecluster.BinDir(),
-			"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-a;K8S_POD_NAME=on-node2;K8S_POD_INFRA_CONTAINER_ID=n2c;K8S_POD_UID="+string(p.UID))
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	cnitool := kubetest.Cnitool(t, ctx, sock, podNS, "e2e-a", "on-node2", "n2c", string(p.UID))
 	out, err := cnitool("add")
 	if err != nil {
 		t.Fatalf("cnitool add: %v: %s", err, out)

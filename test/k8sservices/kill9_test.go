@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -30,17 +27,7 @@ import (
 // endpoints as backends, nothing else.
 func TestKill9DuringServiceChanges(t *testing.T) {
 	testutil.RequireRoot(t)
-	sockDir, err := os.MkdirTemp("", "kurma-svc-k9-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
-	sock := filepath.Join(sockDir, "cni.sock")
-	binDir := t.TempDir()
-	if err := os.Symlink(filepath.Join(kubecluster.BinDir(), "kurma-k8s"), filepath.Join(binDir, "kurma-k8s")); err != nil {
-		t.Fatal(err)
-	}
-	e := kubetest.Start(t, kubecluster.Options{CNIConfList: kubetest.ConfList(sock), CNIBinDir: binDir})
+	e, sock := kubetest.StartWithDriver(t, kubecluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	kc := e.C.Client
@@ -98,16 +85,8 @@ func TestKill9DuringServiceChanges(t *testing.T) {
 					Addresses:  []string{fmt.Sprintf("10.33.%d.%d", rng.IntN(4), 1+rng.IntN(200))},
 					Conditions: discoveryv1.EndpointConditions{Ready: new(rng.IntN(5) != 0)}})
 			}
-			api := kc.DiscoveryV1().EndpointSlices("k9")
-			cur, err := api.Get(ctx, sl.Name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				_, err = api.Create(ctx, sl, metav1.CreateOptions{})
-			case err == nil:
-				sl.ResourceVersion = cur.ResourceVersion
-				_, err = api.Update(ctx, sl, metav1.UpdateOptions{})
-			}
-			if err != nil {
+			sl.Namespace = "k9"
+			if err := kubetest.ApplySlice(ctx, kc, sl); err != nil {
 				t.Fatal(err)
 			}
 		}

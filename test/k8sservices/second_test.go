@@ -3,8 +3,6 @@ package k8sservices_test
 import (
 	"context"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -14,7 +12,6 @@ import (
 	"kurma.dev/kurma/internal/agent/nettest"
 	"kurma.dev/kurma/internal/kube/kubetest"
 	"kurma.dev/kurma/internal/testutil"
-	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
 
 // Underlay addresses of the VXLAN between the kubelet's node (the
@@ -54,17 +51,7 @@ func fromSecondNode(t *testing.T, e *kubetest.Env, ctx context.Context, n2, podN
 		t.Fatal(err)
 	}
 	podNS := nettest.NewNS(t, testutil.UniqueName("ksv2p"))
-	confDir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(confDir, "10-kurma.conflist"), kubetest.ConfList(sock), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cnitool := func(verb string) (string, error) {
-		cmd := exec.CommandContext(ctx, filepath.Join(kubecluster.BinDir(), "tools", "cnitool"), verb, "kurma", podNS)
-		cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+kubecluster.BinDir(),
-			"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE="+podNSName+";K8S_POD_NAME=on-node2;K8S_POD_INFRA_CONTAINER_ID=ks2c;K8S_POD_UID="+string(p.UID))
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	cnitool := kubetest.Cnitool(t, ctx, sock, podNS, podNSName, "on-node2", "ks2c", string(p.UID))
 	if out, err := cnitool("add"); err != nil {
 		t.Fatalf("cnitool add: %v: %s", err, out)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -100,18 +99,7 @@ func names(pods []corev1.Pod) map[string]bool {
 // TestServicesWithoutKubeProxy is the proof on a real cluster.
 func TestServicesWithoutKubeProxy(t *testing.T) {
 	testutil.RequireRoot(t)
-	sockDir, err := os.MkdirTemp("", "kurma-svc-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
-	sock := filepath.Join(sockDir, "cni.sock")
-	binDir := t.TempDir()
-	if err := os.Symlink(filepath.Join(kubecluster.BinDir(), "kurma-k8s"), filepath.Join(binDir, "kurma-k8s")); err != nil {
-		t.Fatal(err)
-	}
-	e := kubetest.Start(t, kubecluster.Options{ControllerManager: true, Scheduler: true,
-		CNIConfList: kubetest.ConfList(sock), CNIBinDir: binDir})
+	e, sock := kubetest.StartWithDriver(t, kubecluster.Options{ControllerManager: true, Scheduler: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	kc := e.C.Client

@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"kurma.dev/kurma/internal/kube/kubetest"
 	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	capi "kurma.dev/kurma/pkg/controllerapi"
@@ -229,17 +230,7 @@ func (e *env) getSvc(ns, name string) *corev1.Service {
 // applySlice creates or replaces an EndpointSlice of a Service.
 func (e *env) applySlice(s *discoveryv1.EndpointSlice) {
 	e.t.Helper()
-	api := e.c.Client.DiscoveryV1().EndpointSlices(s.Namespace)
-	ctx := context.Background()
-	cur, err := api.Get(ctx, s.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = api.Create(ctx, s, metav1.CreateOptions{})
-	case err == nil:
-		s.ResourceVersion = cur.ResourceVersion
-		_, err = api.Update(ctx, s, metav1.UpdateOptions{})
-	}
-	if err != nil {
+	if err := kubetest.ApplySlice(context.Background(), e.c.Client, s); err != nil {
 		e.t.Fatal(err)
 	}
 }
