@@ -219,60 +219,29 @@ func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
 	}
 	l.Lock()
 	defer l.Unlock()
-	// Only local ports that can be plugged keep a VPC here: one whose
-	// ports are all invalid or lost their namespace is removed.
-	nlocal := 0
-	for _, s := range a.localSpecs(vni) {
-		if gone, _ := netnsGone(s.NetNS); !gone {
-			nlocal++
-		}
+	// Looked at again under the exclusive lock: a local port may have
+	// come meanwhile. Only local ports that can be plugged keep a VPC
+	// here: one whose ports are all invalid or lost their namespace is
+	// removed.
+	if done, err := a.programVPC(ctx, vni); done {
+		return err
 	}
-	a.mu.Lock()
-	var remotes []datapath.Remote
-	for _, p := range a.ports {
-		if p.VNI != vni || a.isLocal(p) {
-			continue
-		}
-		if r, ok := toRemote(p, a.hosts[p.BindingHostID]); ok {
-			remotes = append(remotes, r)
-		}
-	}
-	a.mu.Unlock()
-	if nlocal == 0 {
-		if wait := a.lingerLeft(vni); wait > 0 {
-			// Keep the VPC a while for the next pod; look again then.
-			// Remote changes are not programmed meanwhile, so the next
-			// plug must queue a full VPC sync.
-			a.mu.Lock()
-			delete(a.ready, vni)
-			a.mu.Unlock()
-			a.q.AddAfter(vpcKey(vni), wait)
-			return nil
-		}
+	if wait := a.lingerLeft(vni); wait > 0 {
+		// Keep the VPC a while for the next pod; look again then.
+		// Remote changes are not programmed meanwhile, so the next
+		// plug must queue a full VPC sync.
 		a.mu.Lock()
 		delete(a.ready, vni)
-		delete(a.gateways, vni)
-		delete(a.empty, vni)
 		a.mu.Unlock()
-		if err := a.dp.DeleteVPC(ctx, vni); err != nil {
-			return err
-		}
+		a.q.AddAfter(vpcKey(vni), wait)
 		return nil
 	}
 	a.mu.Lock()
+	delete(a.ready, vni)
+	delete(a.gateways, vni)
 	delete(a.empty, vni)
 	a.mu.Unlock()
-	if err := a.ensureVPC(ctx, vni); err != nil {
-		a.forgetVPC(vni)
-		return err
-	}
-	if err := a.dp.SetRemotes(ctx, vni, remotes); err != nil {
-		return err
-	}
-	a.mu.Lock()
-	a.ready[vni] = true
-	a.mu.Unlock()
-	return nil
+	return a.dp.DeleteVPC(ctx, vni)
 }
 
 // programVPC ensures a VPC that has local ports and programs its remote
