@@ -11,7 +11,12 @@
 // host is left as found even when the check fails), prints each
 // difference and exits 1 if there is any.
 //
-// Usage: hostsnap save FILE | hostsnap check FILE
+// A folder that only a first run creates (firstRunDirs: /run/netns) and
+// that the run leaves empty is put back as found, and `fresh` removes such
+// folders when empty, so that CI on a used machine starts from what a
+// fresh machine has.
+//
+// Usage: hostsnap save FILE | hostsnap check FILE | hostsnap fresh
 package main
 
 import (
@@ -57,8 +62,14 @@ type Snapshot struct {
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "fresh" {
+		for _, m := range fresh(firstRunDirs) {
+			fmt.Println("hostsnap: " + m)
+		}
+		return
+	}
 	if len(os.Args) != 3 || (os.Args[1] != "save" && os.Args[1] != "check") {
-		fmt.Fprintln(os.Stderr, "usage: hostsnap save FILE | hostsnap check FILE")
+		fmt.Fprintln(os.Stderr, "usage: hostsnap save FILE | hostsnap check FILE | hostsnap fresh")
 		os.Exit(2)
 	}
 	now, err := take()
@@ -85,11 +96,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "hostsnap: %s: %v\n", file, err)
 		os.Exit(1)
 	}
-	// The /run/netns bind mount is made by whichever test makes the first
-	// named netns, and the packages run concurrently: none can remove it.
-	// Put it back as it was when the run made it and left it empty.
-	if tidyNetnsMount(&before, now) {
-		fmt.Println("hostsnap: unmounted /run/netns, mounted by the run and left empty")
+	// Folders that the first test to need them creates (the /run/netns
+	// bind mount above all) cannot be removed by that test while others
+	// run: put them back as the run found them when it left them empty.
+	if msgs := tidyFirstRun(firstRunDirs, &before, now); len(msgs) > 0 {
+		for _, m := range msgs {
+			fmt.Println("hostsnap: " + m)
+		}
 		if now, err = take(); err != nil {
 			fmt.Fprintf(os.Stderr, "hostsnap: %v\n", err)
 			os.Exit(1)
@@ -112,28 +125,93 @@ func main() {
 	fmt.Println("hostsnap: the host is as it was")
 }
 
-// netnsDir is where named network namespaces are bound (ip-netns(8)).
-const netnsDir = "/run/netns"
+// firstRunDirs are the folders a run creates when the host lacks them and
+// that no single test can remove: /run/netns, made (and bind-mounted onto
+// itself, as ip-netns(8) does) by whichever test adds the first named
+// network namespace while other packages still run. Each must also be one
+// of stateDirs, whose snapshot records whether it existed.
+var firstRunDirs = []string{"/run/netns"}
 
 func isMountedAt(s *Snapshot, dir string) bool {
 	return slices.ContainsFunc(s.Mounts, func(m string) bool { return strings.HasPrefix(m, dir+" (") })
 }
 
-// tidyNetnsMount unmounts /run/netns when it was not a mount point before
-// and holds nothing now; it reports whether it did.
-func tidyNetnsMount(before, now *Snapshot) bool {
-	if isMountedAt(before, netnsDir) || !isMountedAt(now, netnsDir) {
-		return false
-	}
-	if ents, err := os.ReadDir(netnsDir); err != nil || len(ents) > 0 {
-		return false
-	}
-	for isMounted(netnsDir) {
-		if err := unix.Unmount(netnsDir, unix.MNT_DETACH); err != nil {
-			return false
+// tidyFirstRun puts each of dirs back as before recorded it, when the run
+// left it empty: a folder that did not exist is unmounted and removed; one
+// that existed but was not a mount point is unmounted. A folder that holds
+// anything is left alone (the check reports its entries). It returns what
+// it did, one line each.
+func tidyFirstRun(dirs []string, before, now *Snapshot) []string {
+	var msgs []string
+	for _, dir := range dirs {
+		if msg, err := tidyDir(dir, before, now); err != nil {
+			msgs = append(msgs, fmt.Sprintf("%s: %v", dir, err))
+		} else if msg != "" {
+			msgs = append(msgs, msg)
 		}
 	}
-	return true
+	return msgs
+}
+
+func tidyDir(dir string, before, now *Snapshot) (string, error) {
+	existed := slices.Contains(before.State, dir+"/")
+	wasMount, isMount := isMountedAt(before, dir), isMountedAt(now, dir)
+	if existed && (wasMount || !isMount) {
+		return "", nil // as it was, or something else the check reports
+	}
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) || len(ents) > 0 {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	unmounted := false
+	for isMounted(dir) {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return "", fmt.Errorf("unmount: %w", err)
+		}
+		unmounted = true
+	}
+	if existed {
+		return "unmounted " + dir + ", mounted by the run and left empty", nil
+	}
+	if err := unix.Rmdir(dir); err != nil {
+		return "", fmt.Errorf("remove: %w", err)
+	}
+	if unmounted {
+		return "unmounted and removed " + dir + ", made by the run and left empty", nil
+	}
+	return "removed " + dir + ", made by the run and left empty", nil
+}
+
+// fresh makes each of dirs absent when it is empty, unmounting it first,
+// so that the next run starts as on a machine that never ran the tests
+// (`.ci/run` calls it before `make test`). A folder with entries stays.
+func fresh(dirs []string) []string {
+	var msgs []string
+	for _, dir := range dirs {
+		ents, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil || len(ents) > 0 {
+			msgs = append(msgs, fmt.Sprintf("kept %s (%d entries, %v)", dir, len(ents), err))
+			continue
+		}
+		for isMounted(dir) {
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+				msgs = append(msgs, fmt.Sprintf("kept %s: unmount: %v", dir, err))
+				break
+			}
+		}
+		if err := unix.Rmdir(dir); err != nil {
+			msgs = append(msgs, fmt.Sprintf("kept %s: %v", dir, err))
+			continue
+		}
+		msgs = append(msgs, "removed "+dir+" (empty), as a machine that never ran the tests lacks it")
+	}
+	return msgs
 }
 
 // isMounted reports whether dir is a mount point now.
@@ -245,19 +323,25 @@ func take() (*Snapshot, error) {
 		}
 	}
 	for _, d := range stateDirs {
-		ents, err := os.ReadDir(d)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		s.State = append(s.State, d+"/")
-		for _, e := range ents {
-			s.State = append(s.State, filepath.Join(d, e.Name()))
-		}
+		recordDir(s, d)
 	}
 	for _, l := range [][]string{s.Links, s.NFTTables, s.Mounts, s.Cgroups, s.State} {
 		slices.Sort(l)
 	}
 	return s, nil
+}
+
+// recordDir adds folder d ("d/", when it exists) and its entries to
+// s.State.
+func recordDir(s *Snapshot, d string) {
+	ents, err := os.ReadDir(d)
+	if err != nil {
+		return
+	}
+	s.State = append(s.State, d+"/")
+	for _, e := range ents {
+		s.State = append(s.State, filepath.Join(d, e.Name()))
+	}
 }
 
 func lines(s string) []string {
