@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -64,6 +65,10 @@ func run() error {
 		lbEnable      = flag.Bool("lb", true, "program load balancers and floating IPs")
 		lbTable       = flag.String("lb-nft-table", "", "nftables inet table of load balancers and floating IPs (default: the --nft-table one, so that one table holds all the agent's rules)")
 		extIface      = flag.String("external-interface", "", "interface toward the external network, where floating IPs are answered (empty: no floating IPs)")
+		nodeIP        = flag.String("node-ip", "", "this host's node address: connections of node ports, external addresses and floating IPs of load balancers are source-NATed to it, and so is what the host sends into a VPC (default: --underlay-ip)")
+		nodePortAddrs = flag.String("nodeport-addresses", "", "comma-separated addresses node ports answer on (default: --node-ip)")
+		serviceCIDRs  = flag.String("service-cidr", "", "comma-separated ranges of load balancer VIPs the host must reach even without a route covering them (Kubernetes: the service range); each gets a route through lo from --node-ip")
+		egress        = flag.Bool("egress", false, "let pods reach what lies outside their VPC, masqueraded to the outgoing interface's address (default: true with --k8s-node-name)")
 		verbose       = flag.Bool("v", false, "debug logging")
 		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
 		pprofOn       = flag.Bool("pprof", false, "also serve Go's /debug/pprof/ on --metrics-listen (profiles reveal internals: keep the listener local)")
@@ -108,6 +113,12 @@ func run() error {
 	if ip == nil {
 		return fmt.Errorf("--underlay-ip %q: want an IP address", *underlayIP)
 	}
+	if *nodeIP == "" {
+		*nodeIP = ip.String()
+	}
+	if *k8sNode != "" && !flagGiven("egress") {
+		*egress = true // pods of a cluster reach the world through their node
+	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
 		if err != nil {
@@ -145,7 +156,32 @@ func run() error {
 		if *lbTable == "" {
 			*lbTable = *nftTable
 		}
-		p, err := lbpath.New(ctx, lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: natAcceptMark, Logger: log})
+		cfg := lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: natAcceptMark, Logger: log,
+			BridgeGlob: dp.BridgeGlob(), Egress: *egress}
+		if cfg.NodeIP, err = netip.ParseAddr(*nodeIP); err != nil {
+			return fmt.Errorf("--node-ip %q: want an IPv4 address", *nodeIP)
+		}
+		for _, s := range strings.Split(*nodePortAddrs, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			a, err := netip.ParseAddr(s)
+			if err != nil || !a.Is4() {
+				return fmt.Errorf("--nodeport-addresses: %q is not an IPv4 address", s)
+			}
+			cfg.NodeAddrs = append(cfg.NodeAddrs, a)
+		}
+		for _, s := range strings.Split(*serviceCIDRs, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			pfx, err := netip.ParsePrefix(s)
+			if err != nil || !pfx.Addr().Is4() {
+				return fmt.Errorf("--service-cidr: %q is not an IPv4 prefix", s)
+			}
+			cfg.ServiceRoutes = append(cfg.ServiceRoutes, pfx)
+		}
+		p, err := lbpath.New(ctx, cfg)
 		if err != nil {
 			return err
 		}
@@ -156,7 +192,7 @@ func run() error {
 	a, err := agent.New(agent.Config{
 		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
 		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, LB: lb, Logger: log,
-		LocalAttach: *k8sNode != "", Metrics: reg,
+		LocalAttach: *k8sNode != "", Metrics: reg, HealthCheckAddr: *nodeIP,
 	})
 	if err != nil {
 		return err
@@ -186,6 +222,13 @@ func run() error {
 	}
 	log.Info("kurma-agent stopped", "err", err)
 	return err
+}
+
+// flagGiven reports whether the command line set flag name.
+func flagGiven(name string) bool {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // lockStateDir takes an exclusive lock on <dir>/agent.lock so that two

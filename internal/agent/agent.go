@@ -68,7 +68,10 @@ type Config struct {
 	// until Attach says where it goes (Kubernetes: internal/kube/cnid).
 	// Without it such a port is reported ERROR.
 	LocalAttach bool
-	Logger      *slog.Logger
+	// HealthCheckAddr is the address health check node ports listen on
+	// (healthcheck.go); empty: every address.
+	HealthCheckAddr string
+	Logger          *slog.Logger
 	// Metrics, when set, gets the agent's Prometheus metrics (metrics.go).
 	Metrics prometheus.Registerer
 }
@@ -96,6 +99,7 @@ type Agent struct {
 	empty      map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
 	synced     chan struct{}                    // closed after the first port list
 	lb         lbCache                          // load balancers and floating IPs
+	hc         *healthChecks                    // health check node ports (its own lock)
 
 	vpcMu    sync.Mutex               // guards vpcLocks
 	vpcLocks map[uint32]*sync.RWMutex // one per VNI: shared by plugs, exclusive for VPC changes
@@ -135,7 +139,7 @@ func New(cfg Config) (*Agent, error) {
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
-		lb:     newLBCache(),
+		lb:     newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
 		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{},
 	}, nil
 }
@@ -171,6 +175,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	var wg sync.WaitGroup
+	defer a.hc.close(context.Background())
 	defer wg.Wait()
 	defer a.q.Shutdown()
 	wg.Go(func() { a.watchHosts(ctx) })

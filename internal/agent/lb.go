@@ -57,6 +57,7 @@ var _ lbChecker = (*lbpath.Path)(nil)
 // checkLBs asks for a full sync when the kernel lost what we wrote (the
 // table deleted or flushed by someone else).
 func (a *Agent) checkLBs(ctx context.Context) error {
+	a.hc.apply() // health check ports whose listen failed are tried again
 	ch, ok := a.cfg.LB.(lbChecker)
 	if !ok {
 		return nil
@@ -93,9 +94,11 @@ func newLBCache() lbCache {
 }
 
 // lbRec is the agent's record of a load balancer: what it programs,
-// converted once when the event arrives (listeners and members the
-// datapath cannot take are left out), without the controller's other
-// fields. The cache holds every load balancer of the controller.
+// converted once when the event arrives, without the controller's other
+// fields. The controller refuses what the datapath cannot take
+// (controllerapi's load balancer contract), so nothing is dropped here
+// but what an older controller may have stored. The cache holds every
+// load balancer of the controller.
 type lbRec struct {
 	id        string
 	rev       int64
@@ -104,19 +107,37 @@ type lbRec struct {
 	listeners []lbpath.Listener
 	members   []lbpath.Member
 	affinity  time.Duration
+	// Host-level frontends and traffic policies (controllerapi.Policy).
+	hostAccess                   bool
+	external                     []netip.Addr
+	externalLocal, internalLocal bool
+	hcNodePort                   uint16
+	name                         string // only with hcNodePort (its health check names it)
 }
 
-func recOf(l *controllerapi.LoadBalancer) *lbRec {
-	r := &lbRec{id: l.ID, rev: l.RevisionNumber, vni: l.VNI}
+// hostLevel reports whether every agent programs the load balancer, not
+// only those with a port in its VPC.
+func (r *lbRec) hostLevel() bool {
+	return r.hostAccess || len(r.external) > 0 || slices.ContainsFunc(r.listeners, func(l lbpath.Listener) bool { return l.NodePort != 0 })
+}
+
+// recOf converts a load balancer for the agent of host hostID (which
+// decides which members are local).
+func recOf(l *controllerapi.LoadBalancer, hostID string) *lbRec {
+	r := &lbRec{id: l.ID, rev: l.RevisionNumber, vni: l.VNI, hostAccess: l.HostAccess,
+		externalLocal: l.ExternalLocal, internalLocal: l.InternalLocal}
 	if vip, err := netip.ParseAddr(l.VIPAddress); err == nil && vip.Is4() {
 		r.vip = vip
 	}
+	keys := map[string]lbpath.ListenerKey{}
 	for _, ls := range l.Listeners {
-		p := protoNumber(ls.Protocol)
-		if p == 0 || ls.Port < 1 || ls.Port > 65535 || ls.TargetPort < 0 || ls.TargetPort > 65535 {
+		p := controllerapi.ProtocolNumber(ls.Protocol)
+		if p == 0 || ls.Port < 1 || ls.Port > 65535 || ls.TargetPort < 0 || ls.TargetPort > 65535 || ls.NodePort < 0 || ls.NodePort > 65535 {
 			continue
 		}
-		r.listeners = append(r.listeners, lbpath.Listener{Proto: p, Port: uint16(ls.Port), TargetPort: uint16(ls.TargetPort)})
+		k := lbpath.ListenerKey{Proto: p, Port: uint16(ls.Port)}
+		keys[ls.Key()] = k
+		r.listeners = append(r.listeners, lbpath.Listener{Proto: p, Port: k.Port, TargetPort: uint16(ls.TargetPort), NodePort: uint16(ls.NodePort)})
 	}
 	if len(l.Members) > 0 {
 		r.members = make([]lbpath.Member, 0, len(l.Members))
@@ -126,12 +147,29 @@ func recOf(l *controllerapi.LoadBalancer) *lbRec {
 		if err != nil || !addr.Is4() || m.Port < 0 || m.Port > 65535 {
 			continue
 		}
-		r.members = append(r.members, lbpath.Member{Addr: addr, Port: uint16(m.Port)})
+		lm := lbpath.Member{Addr: addr, Port: uint16(m.Port), Local: m.HostID != "" && m.HostID == hostID, Backup: m.Backup}
+		for _, n := range m.Listeners {
+			if k, ok := keys[n]; ok {
+				lm.Serves = append(lm.Serves, k)
+			}
+		}
+		if len(m.Listeners) > 0 && len(lm.Serves) == 0 {
+			continue // serves no listener we know
+		}
+		r.members = append(r.members, lm)
+	}
+	for _, s := range l.ExternalAddresses {
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+			r.external = append(r.external, a)
+		}
+	}
+	if l.ExternalLocal && l.HealthCheckNodePort > 0 && l.HealthCheckNodePort <= 65535 {
+		r.hcNodePort, r.name = uint16(l.HealthCheckNodePort), l.Name
 	}
 	if sp := l.SessionPersistence; sp != nil && sp.Type == controllerapi.PersistenceSourceIP {
 		t := sp.Timeout
 		if t <= 0 {
-			t = 10800
+			t = controllerapi.DefaultAffinityTimeout
 		}
 		r.affinity = time.Duration(t) * time.Second
 	}
@@ -168,7 +206,7 @@ func (a *Agent) watchLBs(ctx context.Context) {
 				if ev.Type == controllerapi.EventDeleted {
 					delete(c.lbs, l.ID)
 				} else {
-					c.lbs[l.ID] = recOf(l)
+					c.lbs[l.ID] = recOf(l, a.cfg.HostID)
 				}
 				c.dirtyLB[l.ID] = true
 				// Its FIPs gain or lose their target.
@@ -257,7 +295,9 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	progLB, progFIP := c.progLB, c.progFIP
 	if full {
 		progLB, progFIP = map[string]bool{}, map[string]lbpath.FIP{}
+		a.hc.retain(func(id string) bool { return c.lbs[id] != nil })
 		for _, l := range c.lbs {
+			a.hc.set(l.id, l)
 			if spec, ok := a.lbSpecLocked(l, bn); ok {
 				st.LBs = append(st.LBs, spec)
 				progLB[l.id] = true
@@ -272,6 +312,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	} else {
 		for id := range c.dirtyLB {
 			l := c.lbs[id]
+			a.hc.set(id, l)
 			spec, ok := lbpath.LB{}, false
 			if l != nil {
 				spec, ok = a.lbSpecLocked(l, bn)
@@ -322,6 +363,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	}
 	c.progLB, c.progFIP = progLB, progFIP
 	a.mu.Unlock()
+	a.hc.apply()
 	if full {
 		a.log.Info("load balancers synced", "lbs", len(st.LBs), "fips", len(st.FIPs))
 	}
@@ -334,18 +376,24 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 }
 
 // lbSpecLocked converts a load balancer this host must program: one of a
-// VPC with a local port. The spec shares the record's slices (the
+// VPC with a local port (its VIP answers on the VPC's bridge), or one
+// with host-level frontends. The spec shares the record's slices (the
 // datapath copies what it keeps). Callers hold a.mu.
 func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
-	if _, ok := a.lb.localVNIs[l.vni]; !ok || !l.vip.Is4() {
+	_, local := a.lb.localVNIs[l.vni]
+	if !l.vip.Is4() || !local && !l.hostLevel() {
 		return lbpath.LB{}, false
 	}
-	spec := lbpath.LB{ID: l.id, Iface: bn.BridgeName(l.vni), VIP: l.vip, Listeners: l.listeners, Members: l.members,
-		Affinity: l.affinity}
-	// A VIP inside a subnet of this host's bridge is ARPed for by its pods.
-	for gw := range a.gateways[l.vni] {
-		if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(l.vip) {
-			spec.OnLink = true
+	spec := lbpath.LB{ID: l.id, VIP: l.vip, Listeners: l.listeners, Members: l.members,
+		Affinity: l.affinity, HostAccess: l.hostAccess, External: l.external,
+		ExternalLocal: l.externalLocal, InternalLocal: l.internalLocal}
+	if local {
+		spec.Iface = bn.BridgeName(l.vni)
+		// A VIP inside a subnet of this host's bridge is ARPed for by its pods.
+		for gw := range a.gateways[l.vni] {
+			if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(l.vip) {
+				spec.OnLink = true
+			}
 		}
 	}
 	if spec.Validate() != nil {
@@ -392,16 +440,4 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 // gatewayKey is a VPC's gateway set as one comparable string.
 func gatewayKey(gws map[string]bool) string {
 	return strings.Join(slices.Sorted(maps.Keys(gws)), ",")
-}
-
-func protoNumber(p string) uint8 {
-	switch p {
-	case controllerapi.ProtocolTCP:
-		return lbpath.TCP
-	case controllerapi.ProtocolUDP:
-		return lbpath.UDP
-	case controllerapi.ProtocolSCTP:
-		return lbpath.SCTP
-	}
-	return 0
 }

@@ -4,7 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 
 	"kurma.dev/kurma/internal/agent/datapath"
@@ -37,7 +44,7 @@ type namer struct{ datapath.Interface }
 func (namer) BridgeName(vni uint32) string { return "kab" + string(rune('0'+vni%10)) }
 
 func lbAgent(rec *recLB) *Agent {
-	return &Agent{cfg: Config{HostID: "h1", LB: rec}, dp: namer{}, log: slog.Default(),
+	return &Agent{cfg: Config{HostID: "h1", LB: rec}, dp: namer{}, log: slog.Default(), hc: newHealthChecks("127.0.0.1", slog.Default()),
 		ports: map[string]*controllerapi.Port{
 			"p1": {ID: "p1", VNI: 7, BindingHostID: "h1"},
 			"p2": {ID: "p2", VNI: 8, BindingHostID: "h2"},
@@ -64,9 +71,9 @@ func TestSyncLBs(t *testing.T) {
 	a := lbAgent(rec)
 	ctx := t.Context()
 	c := &a.lb
-	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5"))
-	c.lbs["onlink"] = recOf(testLB("onlink", 7, "10.0.0.200", "10.0.0.5"))
-	c.lbs["remote"] = recOf(testLB("remote", 8, "10.96.0.2", "10.1.0.5")) // no local port in VNI 8
+	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5"), "h1")
+	c.lbs["onlink"] = recOf(testLB("onlink", 7, "10.0.0.200", "10.0.0.5"), "h1")
+	c.lbs["remote"] = recOf(testLB("remote", 8, "10.96.0.2", "10.1.0.5"), "h1") // no local port in VNI 8
 	c.fips["f1"] = &controllerapi.FloatingIP{ID: "f1", FloatingIPAddress: "203.0.113.5", PortID: "p1", FixedIPAddress: "10.0.0.9"}
 	c.fips["f2"] = &controllerapi.FloatingIP{ID: "f2", FloatingIPAddress: "203.0.113.6", PortID: "p2", FixedIPAddress: "10.1.0.9"}
 	if err := a.syncLBs(ctx); err != nil {
@@ -87,8 +94,8 @@ func TestSyncLBs(t *testing.T) {
 
 	// A batch: one member change and one new load balancer -> one Apply
 	// with exactly those two.
-	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5", "10.0.0.6"))
-	c.lbs["new"] = recOf(testLB("new", 7, "10.96.0.3", "10.0.0.7"))
+	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5", "10.0.0.6"), "h1")
+	c.lbs["new"] = recOf(testLB("new", 7, "10.96.0.3", "10.0.0.7"), "h1")
 	c.dirtyLB["local"], c.dirtyLB["new"] = true, true
 	if err := a.syncLBs(ctx); err != nil {
 		t.Fatal(err)
@@ -133,6 +140,45 @@ func TestSyncLBs(t *testing.T) {
 	}
 }
 
+// TestLBHostLevel: a load balancer with host-level frontends is
+// programmed by a host without a port in its VPC (no bridge frontend
+// then), and its members carry what the datapath selects by.
+func TestLBHostLevel(t *testing.T) {
+	a := lbAgent(&recLB{})
+	a.lb.localVNIs = map[uint32]string{7: ""}
+	l := testLB("np", 8, "10.96.0.9", "10.1.0.5")
+	l.Listeners[0].NodePort = 30080
+	l.Listeners = append(l.Listeners, controllerapi.Listener{Protocol: "UDP", Port: 53})
+	l.Members = []controllerapi.Member{
+		{Address: "10.1.0.5", HostID: "h1", Listeners: []string{"TCP/80"}},
+		{Address: "10.1.0.6", HostID: "h2", Backup: true},
+		{Address: "10.1.0.7", Listeners: []string{"SCTP/9"}}, // serves no listener: left out
+	}
+	l.ExternalLocal, l.ExternalAddresses = true, []string{"192.0.2.1"}
+	spec, ok := a.lbSpecLocked(recOf(l, "h1"), namer{})
+	if !ok {
+		t.Fatal("a load balancer with a node port must be programmed everywhere")
+	}
+	if spec.Iface != "" || !spec.ExternalLocal || len(spec.External) != 1 || spec.Listeners[0].NodePort != 30080 {
+		t.Fatalf("spec %+v", spec)
+	}
+	want := []lbpath.Member{
+		{Addr: netip.MustParseAddr("10.1.0.5"), Serves: []lbpath.ListenerKey{{Proto: lbpath.TCP, Port: 80}}, Local: true},
+		{Addr: netip.MustParseAddr("10.1.0.6"), Backup: true},
+	}
+	if !reflect.DeepEqual(spec.Members, want) {
+		t.Fatalf("members %+v, want %+v", spec.Members, want)
+	}
+	l.ExternalAddresses, l.Listeners[0].NodePort = nil, 0
+	if _, ok := a.lbSpecLocked(recOf(l, "h1"), namer{}); ok {
+		t.Fatal("without host-level frontends only hosts with a port in its VPC program it")
+	}
+	l.HostAccess = true
+	if spec, ok := a.lbSpecLocked(recOf(l, "h1"), namer{}); !ok || !spec.HostAccess {
+		t.Fatalf("host access: programmed %v, %+v", ok, spec)
+	}
+}
+
 // FuzzLBSpec: whatever the controller sends, conversion does not panic
 // and what it accepts is valid for the datapath.
 func FuzzLBSpec(f *testing.F) {
@@ -140,6 +186,9 @@ func FuzzLBSpec(f *testing.F) {
 		`{"id":"a","vni":7,"vip_address":"10.96.0.1","listeners":[{"protocol":"TCP","port":80,"target_port":8080}],"members":[{"address":"10.0.0.5"}]}`,
 		`{"id":"b","vni":7,"vip_address":"10.0.0.9","listeners":[{"protocol":"UDP","port":53}],"session_persistence":{"type":"SOURCE_IP","timeout":0}}`,
 		`{"id":"c","vni":7,"vip_address":"fd00::1","listeners":[{"protocol":"SCTP","port":70000}],"members":[{"address":"x","port":-1}]}`,
+		`{"id":"d","vni":9,"vip_address":"10.96.0.4","host_access":true,"external_addresses":["192.0.2.1","x"],"external_local":true,` +
+			`"listeners":[{"protocol":"TCP","port":80,"node_port":30080},{"protocol":"UDP","port":80,"node_port":30080}],` +
+			`"members":[{"address":"10.0.0.5","port":8080,"listeners":["TCP/80","UDP/81"],"host_id":"h1","backup":true},{"address":"192.0.2.7","external":true}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -150,11 +199,64 @@ func FuzzLBSpec(f *testing.F) {
 		}
 		a := lbAgent(&recLB{})
 		a.lb.localVNIs = map[uint32]string{7: ""}
-		spec, ok := a.lbSpecLocked(recOf(&l), namer{})
+		spec, ok := a.lbSpecLocked(recOf(&l, "h1"), namer{})
 		if ok {
 			if err := spec.Validate(); err != nil {
 				t.Fatalf("accepted an invalid spec: %v", err)
 			}
 		}
 	})
+}
+
+// TestHealthCheckNodePort: a load balancer with ExternalLocal and a
+// health check port gets an HTTP listener that answers 200 with its
+// local member count, 503 without local members, and goes with it.
+func TestHealthCheckNodePort(t *testing.T) {
+	a := lbAgent(&recLB{})
+	a.hc = newHealthChecks("127.0.0.1", slog.Default())
+	t.Cleanup(func() { a.hc.close(context.Background()) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	l := testLB("hc", 7, "10.96.0.9", "10.0.0.5")
+	l.Name, l.ExternalLocal, l.HealthCheckNodePort = "ns/web", true, port
+	l.Members[0].HostID = "h1"
+	get := func() (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/healthz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	sync := func() {
+		t.Helper()
+		a.lb.lbs["hc"] = recOf(l, "h1")
+		a.lb.dirtyLB["hc"] = true
+		if err := a.syncLBs(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync()
+	if code, body := get(); code != 200 || !strings.Contains(body, `"localEndpoints":1`) || !strings.Contains(body, `"name":"web"`) {
+		t.Fatalf("with a local member: %d %s", code, body)
+	}
+	l.Members[0].HostID = "h2"
+	sync()
+	if code, body := get(); code != 503 || !strings.Contains(body, `"localEndpoints":0`) {
+		t.Fatalf("without a local member: %d %s", code, body)
+	}
+	delete(a.lb.lbs, "hc")
+	a.lb.dirtyLB["hc"] = true
+	if err := a.syncLBs(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(); code != 0 {
+		t.Fatalf("after the load balancer went: %d %s, want no listener", code, body)
+	}
 }

@@ -49,27 +49,77 @@ const (
 
 // Listener is one front-end port of a load balancer: connections to
 // VIP:Port with Protocol go to a member's address at TargetPort (the
-// member's own Port when it has one, see Member).
+// member's own Port when it has one, see Member). With NodePort set, the
+// same listener also answers on that port of every host's node addresses
+// (the agents' --nodeport-addresses; Kubernetes' nodePort).
 type Listener struct {
 	Protocol   string `json:"protocol"`              // TCP, UDP or SCTP
 	Port       int    `json:"port"`                  // 1-65535
 	TargetPort int    `json:"target_port,omitempty"` // 1-65535; default Port
+	NodePort   int    `json:"node_port,omitempty"`   // 1-65535; 0: none
 }
 
+// Key names the listener in Member.Listeners: "TCP/80".
+func (l Listener) Key() string { return ListenerKey(l.Protocol, l.Port) }
+
 // Member is one back end of a load balancer: an address inside the load
-// balancer's VPC. Port, when not 0, overrides every listener's TargetPort
-// for this member; PortID optionally names the controller port that owns
-// Address (informational; agents do not need it).
+// balancer's VPC, or, with External, an address outside every VPC (a
+// host's own address: Kubernetes' API servers and hostNetwork pods),
+// which the hosts reach through their own routing. Port, when not 0,
+// overrides the TargetPort of the listeners it serves; Listeners, when
+// not empty, names the listeners it serves (Listener.Key), else it serves
+// all of them. HostID is the host the member runs on (binding:host_id of
+// its port): the agents need it for the local-only traffic policies.
+// A Backup member gets connections only while no other member of the
+// same listener can (for that frontend and policy): Kubernetes' serving
+// but terminating endpoints. PortID optionally names the controller port
+// that owns Address (informational).
 type Member struct {
-	Address string `json:"address"`
-	Port    int    `json:"port,omitempty"`
-	PortID  string `json:"port_id,omitempty"`
+	Address   string   `json:"address"`
+	Port      int      `json:"port,omitempty"`
+	PortID    string   `json:"port_id,omitempty"`
+	Listeners []string `json:"listeners,omitempty"`
+	HostID    string   `json:"host_id,omitempty"`
+	Backup    bool     `json:"backup,omitempty"`
+	External  bool     `json:"external,omitempty"`
 }
 
 // SessionPersistence pins clients to members.
 type SessionPersistence struct {
 	Type    string `json:"type"`              // SOURCE_IP
 	Timeout int    `json:"timeout,omitempty"` // seconds, 1-86400; default 10800 (as kube-proxy)
+}
+
+// Policy says where a load balancer answers besides its VIP inside its
+// VPC, and which members each kind of frontend uses (Kubernetes' Service
+// fields in parentheses). Every agent programs a load balancer whose
+// policy adds host-level frontends (HostAccess, ExternalAddresses or a
+// listener's NodePort), not only the agents of hosts with a port in its
+// VPC.
+//
+// Internal frontends are the VIP inside the VPC and, with HostAccess, the
+// VIP for connections the hosts themselves open. External frontends are
+// node ports, ExternalAddresses and floating IPs of the load balancer;
+// their connections are source-NATed to the receiving host's node
+// address (so that replies come back through it), unless ExternalLocal.
+type Policy struct {
+	// HostAccess answers the VIP for connections opened on the hosts
+	// (processes of the host and of pods sharing its network namespace).
+	HostAccess bool `json:"host_access,omitempty"`
+	// ExternalAddresses are answered for packets that reach a host on any
+	// interface (externalIPs), IPv4.
+	ExternalAddresses []string `json:"external_addresses,omitempty"`
+	// ExternalLocal sends the connections of external frontends only to
+	// members on the receiving host, keeping the client's source address
+	// (externalTrafficPolicy: Local).
+	ExternalLocal bool `json:"external_local,omitempty"`
+	// HealthCheckNodePort, with ExternalLocal, is a TCP port on which every
+	// agent answers HTTP GET with 200 while it has a local member and 503
+	// otherwise (healthCheckNodePort).
+	HealthCheckNodePort int `json:"health_check_node_port,omitempty"`
+	// InternalLocal sends the connections of internal frontends only to
+	// members on the client's host (internalTrafficPolicy: Local).
+	InternalLocal bool `json:"internal_local,omitempty"`
 }
 
 // LoadBalancer is a virtual IP in a VPC that spreads connections over
@@ -87,6 +137,7 @@ type LoadBalancer struct {
 	Listeners          []Listener          `json:"listeners,omitempty"`
 	Members            []Member            `json:"members,omitempty"`
 	SessionPersistence *SessionPersistence `json:"session_persistence,omitempty"`
+	Policy
 
 	// Filled by the controller.
 	VPCID              string    `json:"vpc_id,omitempty"`
@@ -109,6 +160,8 @@ type LoadBalancerUpdate struct {
 	SessionPersistence *SessionPersistence `json:"session_persistence,omitempty"`
 	// ClearSessionPersistence removes session persistence.
 	ClearSessionPersistence bool `json:"clear_session_persistence,omitempty"`
+	// Policy replaces the stored policy as a whole.
+	Policy *Policy `json:"policy,omitempty"`
 }
 
 // ExternalNetwork is an address range outside every VPC from which

@@ -287,3 +287,7 @@ func checkCtx(ctx context.Context) error {
 // BridgeName is the name of the VPC's bridge on this host: the interface
 // its pods' routed packets arrive on.
 func (d *Datapath) BridgeName(vni uint32) string { return d.names.bridge(vni) }
+
+// BridgeGlob is an nft interface-name wildcard that matches the bridge of
+// every VPC of this datapath and no other link of it.
+func (d *Datapath) BridgeGlob() string { return d.names.prefix + "b*" }

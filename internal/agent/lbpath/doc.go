@@ -33,11 +33,41 @@
 //     interface . FIP) in services and backends. The host answers ARP for
 //     its FIPs through a local route per FIP on the external interface,
 //     tagged with a route protocol number of ours.
-//   - filter-fwd: when AcceptMark is set, the flows of our FIPs (DNATed
-//     to a port or VIP, a port's egress SNATed) get that bit in their
-//     packet mark, which the VPC isolation rules of the datapath package
-//     let through. Load balancer flows stay on their VPC's bridge and need
-//     no exemption.
+//   - external, external-backends: the same for external addresses
+//     (address . protocol . port, on any interface); nodeports,
+//     nodeport-backends: node ports (protocol . port) on the addresses of
+//     the static set node-addrs. select-member tries the interface-keyed
+//     services map, then external, then nodeports; nat-pre does the
+//     matching DNAT. select-out and nat-out do the same for connections
+//     the host opens (nft reads their iifname as empty, so a VIP with
+//     host access is one more services element keyed by "").
+//   - Members per frontend: each listener of each frontend selects its
+//     own members (those serving the listener; only local ones for the
+//     external frontends under ExternalLocal and the internal ones under
+//     InternalLocal; backups only when no other is left), so a class and
+//     a backend list per (frontend, listener).
+//   - snat-frontends, snat-nodeports: external frontends whose
+//     connections nat-post source-NATs to the node address (so that a
+//     member on another host replies through this one); select sets
+//     CtMarkSNAT in the connection mark, where the frontend is still the
+//     destination. It also marks what the host opens into a VPC bridge
+//     from another source than the node address (the gateway address is
+//     the same on every host).
+//   - nat-post also masquerades what leaves a VPC bridge for another
+//     interface: DNATed connections to members outside the VPC, and with
+//     Egress everything pods send out.
+//   - filter-fwd: when AcceptMark is set, NATed connections (ct status
+//     dnat or snat: FIPs, external frontends, members outside the VPC,
+//     the runtime's host ports) and with Egress what pods send out get
+//     that bit in their packet mark, which the VPC isolation rules of the
+//     datapath package let through. Load balancer flows between pods of
+//     one VPC stay on its bridge and need no exemption.
+//   - UDP flows that a member change leaves stale (to a member that
+//     left, or to a frontend that just got its first members) are deleted
+//     from conntrack after the transaction (conntrack.go), as kube-proxy
+//     does.
+//   - ServiceRoutes: a route through lo per range of VIPs the host must
+//     reach without a covering route; the output DNAT then re-routes.
 //
 // The key of services includes the ingress interface (the VPC's bridge),
 // so a VIP answers only inside its VPC and VPCs may reuse addresses.
@@ -77,6 +107,11 @@
 // reports ErrDrift when something this Path wrote is gone (the table
 // deleted or flushed by someone else); the agent runs it at every resync
 // and then calls Sync.
+//
+// Files by verb: path.go (New, Close, configuration), skeleton.go (the
+// base chains and their rules), apply.go (Apply, element ownership,
+// commit), sync.go (Sync, reading the kernel back, Check), routes.go,
+// conntrack.go, elements.go (keys and values of every set).
 //
 // Locking: Path.mu guards all mirrors and serialises transactions.
 //

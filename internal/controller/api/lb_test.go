@@ -6,6 +6,7 @@ import (
 	"iter"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -163,6 +164,16 @@ func TestLoadBalancerBadInput(t *testing.T) {
 		{"wrong type", `{"loadbalancer":{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":"80"}]}}`, "loadbalancer.listeners.port"},
 		{"bulk with one bad", `{"loadbalancers":[{"id":"ok","vip_subnet_id":"svc"},{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":99999}]}]}`, "listeners[0].port"},
 		{"bad id", `{"loadbalancer":{"id":"a/b","vip_subnet_id":"svc"}}`, "loadbalancer id"},
+		{"ipv6 vip", `{"loadbalancer":{"vip_subnet_id":"svc","vip_address":"fd00::1"}}`, "only IPv4"},
+		{"ipv6 member", `{"loadbalancer":{"vip_subnet_id":"svc","members":[{"address":"fd00::5","external":true}]}}`, "members[0].address"},
+		{"loopback external member", `{"loadbalancer":{"vip_subnet_id":"svc","members":[{"address":"127.0.0.1","external":true}]}}`, "members[0].address"},
+		{"member of a missing listener", `{"loadbalancer":{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":80}],"members":[{"address":"10.20.0.5","listeners":["TCP/81"]}]}}`, "TCP/81"},
+		{"bad listener name", `{"loadbalancer":{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":80}],"members":[{"address":"10.20.0.5","listeners":["TCP:80"]}]}}`, "members[0].listeners[0]"},
+		{"member twice for one listener", `{"loadbalancer":{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":80},{"protocol":"TCP","port":81}],"members":[{"address":"10.20.0.5","listeners":["TCP/80","TCP/81"]},{"address":"10.20.0.5","listeners":["TCP/81"]}]}}`, "members[1]"},
+		{"node port twice", `{"loadbalancer":{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":80,"node_port":30000},{"protocol":"TCP","port":81,"node_port":30000}]}}`, "listeners[1].node_port"},
+		{"node port range", `{"loadbalancer":{"vip_subnet_id":"svc","listeners":[{"protocol":"TCP","port":80,"node_port":65536}]}}`, "listeners[0].node_port"},
+		{"external address", `{"loadbalancer":{"vip_subnet_id":"svc","external_addresses":["224.0.0.1"]}}`, "external_addresses[0]"},
+		{"health check without local", `{"loadbalancer":{"vip_subnet_id":"svc","health_check_node_port":31000}}`, "health_check_node_port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -538,5 +549,55 @@ func TestLoadBalancersTwoReplicasOnEtcd(t *testing.T) {
 	wg.Wait()
 	if len(vips) != 61 || len(fips) != 13 {
 		t.Fatalf("handed out %d vips (want 61) and %d fips (want 13)", len(vips), len(fips))
+	}
+}
+
+// TestLoadBalancerPolicy: host-level frontends, traffic policies, members
+// per listener and external members round-trip in canonical form; an
+// update replaces the policy; a member replacement is checked against
+// the stored listeners.
+func TestLoadBalancerPolicy(t *testing.T) {
+	e := lbEnv(t)
+	ctx := t.Context()
+	in := capi.LoadBalancer{ID: "np", VIPSubnetID: "svc",
+		Listeners: []capi.Listener{{Protocol: "udp", Port: 53, NodePort: 30053}, {Protocol: "TCP", Port: 80, NodePort: 30080}},
+		Members: []capi.Member{
+			{Address: "10.20.0.6", Port: 8080, Listeners: []string{"tcp/80"}, HostID: "h2", Backup: true},
+			{Address: "192.0.2.10", Port: 6443, External: true, Listeners: []string{"TCP/80", "UDP/53", "TCP/80"}},
+			{Address: "10.20.0.5", Port: 5353, Listeners: []string{"UDP/53"}},
+		},
+		Policy: capi.Policy{HostAccess: true, ExternalAddresses: []string{"198.51.100.9", "198.51.100.1", "198.51.100.9"},
+			ExternalLocal: true, HealthCheckNodePort: 31000}}
+	got, err := e.cli.CreateLoadBalancer(ctx, "p1", in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLs := []capi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 80, NodePort: 30080}, {Protocol: "UDP", Port: 53, TargetPort: 53, NodePort: 30053}}
+	wantMs := []capi.Member{
+		{Address: "10.20.0.5", Port: 5353, Listeners: []string{"UDP/53"}},
+		{Address: "10.20.0.6", Port: 8080, Listeners: []string{"TCP/80"}, HostID: "h2", Backup: true},
+		{Address: "192.0.2.10", Port: 6443, External: true, Listeners: []string{"TCP/80", "UDP/53"}},
+	}
+	wantPol := capi.Policy{HostAccess: true, ExternalAddresses: []string{"198.51.100.1", "198.51.100.9"}, ExternalLocal: true, HealthCheckNodePort: 31000}
+	if !reflect.DeepEqual(got.Listeners, wantLs) || !reflect.DeepEqual(got.Members, wantMs) || !reflect.DeepEqual(got.Policy, wantPol) {
+		t.Fatalf("stored\n %+v\n %+v\n %+v\nwant\n %+v\n %+v\n %+v", got.Listeners, got.Members, got.Policy, wantLs, wantMs, wantPol)
+	}
+	if !got.HasHostFrontends() {
+		t.Fatal("node ports and host access are host-level frontends")
+	}
+	pol := capi.Policy{InternalLocal: true}
+	if got, err = e.cli.UpdateLoadBalancer(ctx, "p1", "np", capi.LoadBalancerUpdate{Policy: &pol}); err != nil || !reflect.DeepEqual(got.Policy, pol) {
+		t.Fatalf("policy update: %+v, %v", got, err)
+	}
+	if _, err := e.cli.SetMembers(ctx, "p1", "np", []capi.Member{{Address: "10.20.0.5", Listeners: []string{"TCP/81"}}}); !errors.Is(err, kerrors.Invalid) {
+		t.Fatalf("members of a missing listener: %v, want Invalid", err)
+	}
+	// Listeners that drop one its members name: refused, nothing changes.
+	ls := []capi.Listener{{Protocol: "TCP", Port: 80}}
+	if _, err := e.cli.UpdateLoadBalancer(ctx, "p1", "np", capi.LoadBalancerUpdate{Listeners: &ls}); !errors.Is(err, kerrors.Invalid) {
+		t.Fatalf("listener named by members removed: %v, want Invalid", err)
+	}
+	if got, err := e.cli.GetLoadBalancer(ctx, "p1", "np"); err != nil || !reflect.DeepEqual(got.Listeners, wantLs) {
+		t.Fatalf("after the refused update: %+v, %v", got, err)
 	}
 }

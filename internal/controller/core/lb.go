@@ -57,12 +57,12 @@ func (s *Core) vpcRanges(ctx context.Context, pid string, vpc capi.VPC) (*vpcRan
 	return r, nil
 }
 
-// checkMembers refuses members outside the VPC (Invalid, naming the
-// member).
+// checkMembers refuses members outside the VPC that are not marked
+// external (Invalid, naming the member).
 func checkMembers(r *vpcRanges, members []capi.Member) error {
 	for i, m := range members {
-		if !r.contains(netip.MustParseAddr(m.Address)) {
-			return invalid("members[%d].address %s is outside vpc %s", i, m.Address, r.vpc.ID)
+		if !m.External && !r.contains(netip.MustParseAddr(m.Address)) {
+			return invalid("members[%d].address %s is outside vpc %s (a host address must be marked external)", i, m.Address, r.vpc.ID)
 		}
 	}
 	return nil
@@ -279,12 +279,12 @@ func (s *Core) UpdateLoadBalancer(ctx context.Context, pid, id string, u capi.Lo
 	var ls []capi.Listener
 	var ms []capi.Member
 	if u.Listeners != nil {
-		if ls, err = normalizeListeners(*u.Listeners); err != nil {
+		if ls, err = capi.NormalizeListeners(*u.Listeners); err != nil {
 			return capi.LoadBalancer{}, err
 		}
 	}
 	if u.Members != nil {
-		if ms, err = normalizeMembers(*u.Members); err != nil {
+		if ms, err = capi.NormalizeMembers(*u.Members); err != nil {
 			return capi.LoadBalancer{}, err
 		}
 	}
@@ -292,7 +292,12 @@ func (s *Core) UpdateLoadBalancer(ctx context.Context, pid, id string, u capi.Lo
 		if u.ClearSessionPersistence {
 			return capi.LoadBalancer{}, invalid("session_persistence and clear_session_persistence both given")
 		}
-		if err := normalizePersistence(u.SessionPersistence); err != nil {
+		if err := capi.NormalizePersistence(u.SessionPersistence); err != nil {
+			return capi.LoadBalancer{}, err
+		}
+	}
+	if u.Policy != nil {
+		if err := capi.NormalizePolicy(u.Policy); err != nil {
 			return capi.LoadBalancer{}, err
 		}
 	}
@@ -312,13 +317,16 @@ func (s *Core) UpdateLoadBalancer(ctx context.Context, pid, id string, u capi.Lo
 		if u.ClearSessionPersistence {
 			lb.SessionPersistence = nil
 		}
+		if u.Policy != nil {
+			lb.Policy = *u.Policy
+		}
 	})
 }
 
 // SetMembers replaces the member set of load balancer id: one read and one
 // conditional write of that load balancer, O(its members).
 func (s *Core) SetMembers(ctx context.Context, pid, id string, members []capi.Member) (capi.LoadBalancer, error) {
-	ms, err := normalizeMembers(members)
+	ms, err := capi.NormalizeMembers(members)
 	if err != nil {
 		return capi.LoadBalancer{}, err
 	}
@@ -353,6 +361,9 @@ func (s *Core) modifyLB(ctx context.Context, pid, id string, setMembers bool, ms
 		}
 		if fn != nil {
 			fn(&lb)
+		}
+		if err := capi.CheckMemberListeners(lb.Listeners, lb.Members); err != nil {
+			return lb, err
 		}
 		old := lb.RevisionNumber
 		lb.RevisionNumber = 0

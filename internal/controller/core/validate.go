@@ -14,22 +14,8 @@ import (
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
-// ValidID accepts ids safe as store key segments: 1-128 of [A-Za-z0-9._:-].
-func ValidID(kind, id string) error {
-	if id == "" || len(id) > 128 {
-		return kerrors.New(kerrors.Invalid, "%s id %q: want 1-128 characters", kind, id)
-	}
-	for _, c := range id {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':'
-		if !ok {
-			return kerrors.New(kerrors.Invalid, "%s id %q: only letters, digits, '.', '_', '-', ':' allowed", kind, id)
-		}
-	}
-	if id == "." || id == ".." {
-		return kerrors.New(kerrors.Invalid, "%s id %q not allowed", kind, id)
-	}
-	return nil
-}
+// ValidID accepts ids safe as store key segments (capi.ValidID).
+func ValidID(kind, id string) error { return capi.ValidID(kind, id) }
 
 // idOrNew validates a client-chosen id or generates one. Generated ids
 // are time-ordered UUIDs (v7) so new keys append to the store's B+tree

@@ -3,7 +3,7 @@ package services
 import (
 	"cmp"
 	"crypto/sha256"
-	"fmt"
+	"encoding/json"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -28,19 +28,21 @@ const Description = "kurma.dev/k8s-services"
 func LBID(uid types.UID) string { return LBPrefix + string(uid) }
 
 // MaxMembers is the controller's limit of members per load balancer.
-const MaxMembers = 5000
+const MaxMembers = capi.MaxMembers
 
 // DefaultAffinityTimeout is Kubernetes' default ClientIP affinity timeout
 // (seconds), used when sessionAffinityConfig leaves it unset.
-const DefaultAffinityTimeout = 10800
+const DefaultAffinityTimeout = capi.DefaultAffinityTimeout
 
 // wanted is the load balancer a Service should have, in the canonical
-// form compared against what the controller holds.
+// form of the controller's contract (controllerapi's Normalize
+// functions), so that it compares equal to what the controller returns.
 type wanted struct {
 	ID, Name, VIP string
 	Listeners     []capi.Listener
 	Members       []capi.Member
 	Persistence   *capi.SessionPersistence
+	Policy        capi.Policy
 	// Warnings say what could not be represented (logged, not fatal).
 	Warnings []string
 }
@@ -95,14 +97,28 @@ func ready(e discoveryv1.Endpoint) bool {
 	return e.Conditions.Ready == nil || *e.Conditions.Ready
 }
 
+// backup reports whether an endpoint that is not ready may still take
+// connections when no ready one is left: serving and terminating (as
+// kube-proxy falls back to them).
+func backup(e discoveryv1.Endpoint) bool {
+	return e.Conditions.Serving != nil && *e.Conditions.Serving && e.Conditions.Terminating != nil && *e.Conditions.Terminating
+}
+
+// hostOf maps a node name to the host id its agent binds ports to.
+type hostOf func(node string) string
+
 // desired computes the load balancer of svc from its EndpointSlices. It
-// returns nil when the Service should have none. vpc is the set of
-// addresses members may have (the controller refuses others, e.g. the
-// node addresses of hostNetwork pods).
-func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc netip.Prefix) *wanted {
+// returns nil when the Service should have none. vpc is the VPC's range:
+// members outside it (node addresses of the API servers and of
+// hostNetwork pods) are marked external. hosts maps an endpoint's node
+// to its host id (nil: the node name).
+func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc netip.Prefix, hosts hostOf) *wanted {
 	vip := clusterIP(svc, svcCIDR)
 	if !vip.IsValid() {
 		return nil
+	}
+	if hosts == nil {
+		hosts = func(n string) string { return n }
 	}
 	w := &wanted{ID: LBID(svc.UID), Name: svc.Namespace + "/" + svc.Name, VIP: vip.String()}
 	at := addressType(vip)
@@ -115,87 +131,81 @@ func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc
 	// Stable order: the member list must not change with informer order.
 	slices.SortFunc(own, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 
-	// Resolve each Service port's target through the slices' ports (the
-	// slice port of the same name and protocol carries the number).
-	perMember := false
-	var sliceTarget []map[string]int // per slice: "proto/name" -> number
-	for _, s := range own {
-		m := map[string]int{}
-		for _, p := range s.Ports {
-			if p.Port != nil && *p.Port >= 1 && *p.Port <= 65535 {
-				m[protocol(ptrProto(p.Protocol))+"/"+strp(p.Name)] = int(*p.Port)
-			}
-		}
-		sliceTarget = append(sliceTarget, m)
+	nodePorts := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	// Each Service port is a listener, whose members are the endpoints of
+	// the slices that carry a port of its name and protocol, at that
+	// slice's number (upstream selects endpoints per Service port).
+	type memberKey struct {
+		addr netip.Addr
+		port int
 	}
+	members := map[memberKey]*capi.Member{}
 	seen := map[string]bool{}
 	for _, sp := range svc.Spec.Ports {
 		proto := protocol(sp.Protocol)
-		if seen[proto+"/"+itoa(int(sp.Port))] {
-			continue // the API server refuses this; be safe anyway
-		}
-		seen[proto+"/"+itoa(int(sp.Port))] = true
 		if sp.Port < 1 || sp.Port > 65535 {
 			w.Warnings = append(w.Warnings, "port "+itoa(int(sp.Port))+" out of range; skipped")
 			continue
 		}
 		l := capi.Listener{Protocol: proto, Port: int(sp.Port), TargetPort: int(sp.Port)}
-		if sp.TargetPort.IntValue() > 0 && sp.TargetPort.IntValue() <= 65535 {
-			l.TargetPort = sp.TargetPort.IntValue()
+		if seen[l.Key()] {
+			continue // the API server refuses this; be safe anyway
 		}
-		found := map[int]bool{}
-		first := 0
-		for i, s := range own {
-			if n, ok := sliceTarget[i][proto+"/"+sp.Name]; ok && hasReady(s) {
-				if first == 0 {
-					first = n
-				}
-				found[n] = true
+		seen[l.Key()] = true
+		if t := sp.TargetPort.IntValue(); t > 0 && t <= 65535 {
+			l.TargetPort = t
+		}
+		if nodePorts && sp.NodePort > 0 && sp.NodePort <= 65535 {
+			l.NodePort = int(sp.NodePort)
+		}
+		first := true
+		for _, s := range own {
+			n := portIn(s, proto, sp.Name)
+			if n == 0 {
+				continue
 			}
-		}
-		if first != 0 {
-			l.TargetPort = first
-		}
-		if len(found) > 1 {
-			if len(svc.Spec.Ports) == 1 {
-				perMember = true
-			} else {
-				w.Warnings = append(w.Warnings, "port "+sp.Name+" resolves to several numbers across slices; using "+itoa(first))
+			if first && hasReady(s) {
+				l.TargetPort, first = n, false
+			}
+			for _, e := range s.Endpoints {
+				ok, bk := ready(e), backup(e)
+				if !ok && !bk || len(e.Addresses) == 0 {
+					continue
+				}
+				a, err := netip.ParseAddr(e.Addresses[0])
+				if err != nil || a.Is4() != vip.Is4() {
+					continue
+				}
+				a = a.Unmap()
+				k := memberKey{a, n}
+				m := members[k]
+				if m == nil {
+					m = &capi.Member{Address: a.String(), Port: n, Backup: !ok, External: !vpc.Contains(a)}
+					if e.NodeName != nil && *e.NodeName != "" {
+						m.HostID = hosts(*e.NodeName)
+					}
+					if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.UID != "" {
+						m.PortID = "pod-" + string(r.UID)
+					}
+					members[k] = m
+				}
+				m.Backup = m.Backup && !ok
+				if !slices.Contains(m.Listeners, l.Key()) {
+					m.Listeners = append(m.Listeners, l.Key())
+				}
 			}
 		}
 		w.Listeners = append(w.Listeners, l)
 	}
-	slices.SortFunc(w.Listeners, cmpListener)
-
-	mseen := map[capi.Member]bool{}
-	for i, s := range own {
-		port := 0
-		if perMember {
-			sp := svc.Spec.Ports[0]
-			port = sliceTarget[i][protocol(sp.Protocol)+"/"+sp.Name]
+	for _, m := range members {
+		if len(m.Listeners) == len(w.Listeners) {
+			m.Listeners = nil // serves every listener
 		}
-		for _, e := range s.Endpoints {
-			if !ready(e) || len(e.Addresses) == 0 {
-				continue
-			}
-			a, err := netip.ParseAddr(e.Addresses[0])
-			if err != nil || !vpc.Contains(a) {
-				continue
-			}
-			m := capi.Member{Address: a.String(), Port: port}
-			if mseen[m] {
-				continue
-			}
-			mseen[m] = true
-			if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.UID != "" {
-				m.PortID = "pod-" + string(r.UID)
-			}
-			w.Members = append(w.Members, m)
-		}
+		w.Members = append(w.Members, *m)
 	}
-	slices.SortFunc(w.Members, cmpMember)
+	slices.SortFunc(w.Members, capi.CompareMembers)
 	if len(w.Members) > MaxMembers {
-		w.Warnings = append(w.Warnings, "more than "+itoa(MaxMembers)+" ready endpoints; the rest are left out")
+		w.Warnings = append(w.Warnings, "more than "+itoa(MaxMembers)+" endpoints; the rest are left out")
 		w.Members = w.Members[:MaxMembers]
 	}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
@@ -205,7 +215,42 @@ func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc
 		}
 		w.Persistence = &capi.SessionPersistence{Type: capi.PersistenceSourceIP, Timeout: t}
 	}
+	w.Policy = capi.Policy{HostAccess: true,
+		InternalLocal: svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
+		ExternalLocal: nodePorts && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal}
+	if w.Policy.ExternalLocal && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 {
+		w.Policy.HealthCheckNodePort = int(svc.Spec.HealthCheckNodePort)
+	}
+	for _, s := range svc.Spec.ExternalIPs {
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() == vip.Is4() {
+			w.Policy.ExternalAddresses = append(w.Policy.ExternalAddresses, s)
+		} else {
+			w.Warnings = append(w.Warnings, "externalIP "+s+" is not an address of the Service's family; skipped")
+		}
+	}
+	// The controller's canonical form (it refuses what breaks the
+	// contract: the sync then says why).
+	var err error
+	if w.Listeners, err = capi.NormalizeListeners(w.Listeners); err == nil {
+		if w.Members, err = capi.NormalizeMembers(w.Members); err == nil {
+			err = capi.NormalizePolicy(&w.Policy)
+		}
+	}
+	if err != nil {
+		w.Warnings = append(w.Warnings, "the load balancer is refused: "+err.Error())
+	}
 	return w
+}
+
+// portIn is the number the slice gives the Service port named name
+// (protocol proto), 0 when it has none.
+func portIn(s *discoveryv1.EndpointSlice, proto, name string) int {
+	for _, p := range s.Ports {
+		if p.Port != nil && *p.Port >= 1 && *p.Port <= 65535 && protocol(ptrProto(p.Protocol)) == proto && strp(p.Name) == name {
+			return int(*p.Port)
+		}
+	}
+	return 0
 }
 
 func ptrProto(p *corev1.Protocol) corev1.Protocol {
@@ -219,41 +264,6 @@ func hasReady(s *discoveryv1.EndpointSlice) bool {
 	return slices.ContainsFunc(s.Endpoints, ready)
 }
 
-func cmpListener(a, b capi.Listener) int {
-	return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
-}
-
-func cmpMember(a, b capi.Member) int {
-	pa, _ := netip.ParseAddr(a.Address)
-	pb, _ := netip.ParseAddr(b.Address)
-	return cmp.Or(pa.Compare(pb), cmp.Compare(a.Port, b.Port))
-}
-
-// normalize puts a load balancer the controller returned in the canonical
-// form of wanted: sorted listeners with explicit target ports, sorted
-// members.
-func normalize(lb *capi.LoadBalancer) (ls []capi.Listener, ms []capi.Member) {
-	for _, l := range lb.Listeners {
-		l.Protocol = strings.ToUpper(l.Protocol)
-		if l.TargetPort == 0 {
-			l.TargetPort = l.Port
-		}
-		ls = append(ls, l)
-	}
-	slices.SortFunc(ls, cmpListener)
-	ms = slices.Clone(lb.Members)
-	slices.SortFunc(ms, cmpMember)
-	return ls, ms
-}
-
-// sameMembers compares member sets ignoring PortID when one side lacks it
-// (informational only).
-func sameMembers(a, b []capi.Member) bool {
-	return slices.EqualFunc(a, b, func(x, y capi.Member) bool {
-		return x.Address == y.Address && x.Port == y.Port && x.PortID == y.PortID
-	})
-}
-
 func itoa(n int) string { return strconv.Itoa(n) }
 
 // lbPrint is what the reconciler keeps of a load balancer the controller
@@ -263,7 +273,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // of the controller's object is a few dozen bytes per Service.
 type lbPrint struct {
 	vip     netip.Addr
-	spec    [16]byte // name, listeners and session persistence
+	spec    [16]byte // name, listeners, session persistence and policy
 	members [16]byte
 }
 
@@ -274,53 +284,37 @@ type lbEntry struct {
 	lbPrint
 }
 
-// printOf is the print of a load balancer the controller returned.
+// printOf is the print of a load balancer the controller returned (in
+// canonical form already: the controller stores it so).
 func printOf(lb *capi.LoadBalancer) lbPrint {
-	ls, ms := normalize(lb)
 	vip, _ := netip.ParseAddr(lb.VIPAddress)
-	return lbPrint{vip: vip, spec: specDigest(lb.Name, ls, lb.SessionPersistence), members: memberDigest(ms)}
+	return lbPrint{vip: vip, spec: specDigest(lb.Name, lb.Listeners, lb.SessionPersistence, lb.Policy),
+		members: digest(lb.Members)}
 }
 
 // print is the print of the load balancer w describes.
 func (w *wanted) print() lbPrint {
 	vip, _ := netip.ParseAddr(w.VIP)
-	return lbPrint{vip: vip, spec: specDigest(w.Name, w.Listeners, w.Persistence), members: memberDigest(w.Members)}
+	return lbPrint{vip: vip, spec: specDigest(w.Name, w.Listeners, w.Persistence, w.Policy), members: digest(w.Members)}
 }
 
-// specDigest digests a name, normalized listeners and a session
-// persistence (timeout 0 meaning the default, the type in any case, as
-// samePersistence compares them).
-func specDigest(name string, ls []capi.Listener, p *capi.SessionPersistence) [16]byte {
-	h := sha256.New()
-	b := append([]byte(name), 0)
-	for _, l := range ls {
-		b = append(b, l.Protocol...)
-		b = fmt.Appendf(b, "/%d/%d;", l.Port, l.TargetPort)
-	}
-	b = append(b, 0)
-	if p != nil {
-		t := p.Timeout
-		if t == 0 {
-			t = DefaultAffinityTimeout
-		}
-		b = fmt.Appendf(b, "%s/%d", strings.ToUpper(p.Type), t)
-	}
-	h.Write(b)
-	var d [16]byte
-	copy(d[:], h.Sum(nil))
-	return d
+// specDigest digests the name, listeners, session persistence and
+// policy of a load balancer in canonical form.
+func specDigest(name string, ls []capi.Listener, p *capi.SessionPersistence, pol capi.Policy) [16]byte {
+	return digest(struct {
+		Name        string
+		Listeners   []capi.Listener
+		Persistence *capi.SessionPersistence
+		Policy      capi.Policy
+	}{name, ls, p, pol})
 }
 
-// memberDigest digests sorted members (address, port and port id, as
-// sameMembers compares them).
-func memberDigest(ms []capi.Member) [16]byte {
-	h := sha256.New()
-	var b []byte
-	for _, m := range ms {
-		b = fmt.Appendf(b[:0], "%s/%d/%s;", m.Address, m.Port, m.PortID)
-		h.Write(b)
+// digest hashes v's JSON: canonical forms have one encoding.
+func digest(v any) [16]byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // plain structs of strings, numbers and bools
 	}
-	var d [16]byte
-	copy(d[:], h.Sum(nil))
-	return d
+	h := sha256.Sum256(b)
+	return [16]byte(h[:16])
 }

@@ -3,7 +3,11 @@ package services
 import (
 	"encoding/json"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
+
+	capi "kurma.dev/kurma/pkg/controllerapi"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -11,8 +15,9 @@ import (
 
 // FuzzDesired feeds desired arbitrary Services and EndpointSlices (as the
 // API server would send them, JSON) and checks what it promises the
-// controller: a VIP inside the service range, unique listeners with ports
-// in 1-65535, unique members inside the VPC, at most MaxMembers.
+// controller: a VIP inside the service range, and a load balancer the
+// controller's contract accepts (or a warning that it is refused), with
+// members outside the VPC marked external.
 func FuzzDesired(f *testing.F) {
 	f.Add([]byte(`{"metadata":{"name":"a","namespace":"n","uid":"u"},"spec":{"clusterIP":"10.96.0.10","ports":[{"name":"http","port":80,"targetPort":"web"},{"port":53,"protocol":"UDP","targetPort":5353}],"sessionAffinity":"ClientIP"}}`),
 		[]byte(`{"addressType":"IPv4","ports":[{"name":"http","port":8080}],"endpoints":[{"addresses":["10.32.0.5"]},{"addresses":["10.32.0.6"],"conditions":{"ready":false}},{"addresses":["1.2.3.4"]}]}`))
@@ -27,32 +32,28 @@ func FuzzDesired(f *testing.F) {
 		if json.Unmarshal(svcJSON, &svc) != nil || json.Unmarshal(sliceJSON, &sl) != nil {
 			return
 		}
-		w := desired(&svc, []*discoveryv1.EndpointSlice{&sl, &sl}, svcCIDR, vpc)
+		w := desired(&svc, []*discoveryv1.EndpointSlice{&sl, &sl}, svcCIDR, vpc, nil)
 		if w == nil {
 			return
 		}
 		if a, err := netip.ParseAddr(w.VIP); err != nil || !svcCIDR.Contains(a) {
 			t.Fatalf("vip %q outside %s", w.VIP, svcCIDR)
 		}
-		seen := map[string]bool{}
-		for _, l := range w.Listeners {
-			k := l.Protocol + "/" + itoa(l.Port)
-			if seen[k] || l.Port < 1 || l.Port > 65535 || l.TargetPort < 1 || l.TargetPort > 65535 {
-				t.Fatalf("bad or repeated listener %+v", l)
-			}
-			seen[k] = true
+		refused := slices.ContainsFunc(w.Warnings, func(s string) bool { return strings.Contains(s, "refused") })
+		if _, err := capi.NormalizeListeners(w.Listeners); err != nil && !refused {
+			t.Fatalf("listeners refused without a warning: %v", err)
 		}
-		if len(w.Members) > MaxMembers {
-			t.Fatalf("%d members", len(w.Members))
+		if _, err := capi.NormalizeMembers(w.Members); err != nil && !refused {
+			t.Fatalf("members refused without a warning: %v", err)
 		}
-		ms := map[string]bool{}
+		if err := capi.CheckMemberListeners(w.Listeners, w.Members); err != nil {
+			t.Fatalf("members name missing listeners: %v", err)
+		}
 		for _, m := range w.Members {
 			a, err := netip.ParseAddr(m.Address)
-			k := m.Address + "/" + itoa(m.Port)
-			if err != nil || !vpc.Contains(a) || ms[k] || m.Port < 0 || m.Port > 65535 {
-				t.Fatalf("bad or repeated member %+v", m)
+			if err != nil || vpc.Contains(a) == m.External {
+				t.Fatalf("member %+v: external must say whether it lies outside %s", m, vpc)
 			}
-			ms[k] = true
 		}
 	})
 }

@@ -105,8 +105,9 @@ type Reconciler struct {
 
 	svcInf   cache.SharedIndexInformer
 	sliceInf cache.SharedIndexInformer
-	svcIdx   cache.Indexer // *svcObj by namespace/name
-	sliceIdx cache.Store   // *sliceObj by namespace/name
+	nodeInf  cache.SharedIndexInformer // *nodeObj: a node's host id
+	svcIdx   cache.Indexer             // *svcObj by namespace/name
+	sliceIdx cache.Store               // *sliceObj by namespace/name
 
 	// slicesBy: the keys of each Service's slices (Service key -> slice
 	// keys), kept by the slice handlers; a plain map is a fraction of an
@@ -213,9 +214,21 @@ func New(cfg Config) (*Reconciler, error) {
 	if err := sliceInf.SetTransform(compactSlice); err != nil {
 		return nil, fmt.Errorf("services: %w", err)
 	}
-	r.svcInf, r.sliceInf = svcInf, sliceInf
+	// Nodes: only to map an endpoint's node to its agent's host id.
+	nodeInf := coreinformers.NewNodeInformer(cfg.Kube, 0, cache.Indexers{})
+	if err := nodeInf.SetTransform(compactNode); err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
+	r.svcInf, r.sliceInf, r.nodeInf = svcInf, sliceInf, nodeInf
 	r.svcIdx, r.sliceIdx = svcInf.GetIndexer(), sliceInf.GetIndexer()
-	r.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced}
+	r.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced, nodeInf.HasSynced}
+	if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { r.nodeChanged(nil, nodeOf(o)) },
+		UpdateFunc: func(old, o any) { r.nodeChanged(nodeOf(old), nodeOf(o)) },
+		DeleteFunc: func(o any) { r.nodeChanged(nodeOf(o), nil) },
+	}); err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
 	enqueueSvc := func(o any) {
 		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			o = t.Obj
@@ -283,6 +296,34 @@ func (r *Reconciler) sliceMoved(old, cur *sliceObj) {
 	}
 }
 
+// hostOf is the host id of a node's agent: the node's kurma.dev/host-id
+// annotation, else its name.
+func (r *Reconciler) hostOf(node string) string {
+	if o, ok, _ := r.nodeInf.GetStore().GetByKey(node); ok {
+		if n, ok := o.(*nodeObj); ok && n.hostID != "" {
+			return n.hostID
+		}
+	}
+	return node
+}
+
+// nodeChanged resyncs every Service when a node's host id differs from
+// its name and changed (rare: members name hosts by id).
+func (r *Reconciler) nodeChanged(old, cur *nodeObj) {
+	id := func(n *nodeObj) string {
+		if n == nil || n.hostID == "" {
+			return ""
+		}
+		return n.hostID
+	}
+	if id(old) == id(cur) {
+		return
+	}
+	for _, k := range r.svcIdx.ListKeys() {
+		r.enqueue(k)
+	}
+}
+
 // enqueue schedules a Service's sync after the coalescing window: the
 // delaying queue keeps one entry per key, so the events of a burst are
 // synced once.
@@ -299,6 +340,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	defer stop()
 	infs.Go(func() { r.svcInf.RunWithContext(ictx) })
 	infs.Go(func() { r.sliceInf.RunWithContext(ictx) })
+	infs.Go(func() { r.nodeInf.RunWithContext(ictx) })
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, r.synced...) {
 		return ctx.Err()
 	}

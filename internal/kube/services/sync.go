@@ -96,7 +96,7 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 	r.mu.Unlock()
 	var w *wanted
 	if svc != nil {
-		w = desired(svc, r.slicesOf(key), r.cfg.ServiceCIDR, vpc)
+		w = desired(svc, r.slicesOf(key), r.cfg.ServiceCIDR, vpc, r.hostOf)
 	}
 	if old != "" && (w == nil || old != w.ID) {
 		if err := r.remove(ctx, key, old); err != nil {
@@ -161,7 +161,7 @@ func (r *Reconciler) ensureLB(ctx context.Context, key string, uid types.UID, w 
 	if !ok {
 		lb, err := r.c.CreateLoadBalancer(ctx, r.cfg.Project, controllerapi.LoadBalancer{
 			ID: w.ID, Name: w.Name, Description: Description, VIPSubnetID: r.cfg.ServiceSubnet, VIPAddress: w.VIP,
-			Listeners: w.Listeners, Members: w.Members, SessionPersistence: w.Persistence,
+			Listeners: w.Listeners, Members: w.Members, SessionPersistence: w.Persistence, Policy: w.Policy,
 		})
 		if err == nil {
 			r.store(key, uid, printOf(lb))
@@ -197,7 +197,7 @@ func (r *Reconciler) ensureLB(ctx context.Context, key string, uid types.UID, w 
 	case cur.spec == want.spec:
 		lb, err = r.c.SetMembers(ctx, r.cfg.Project, w.ID, w.Members)
 	default:
-		u := controllerapi.LoadBalancerUpdate{Name: &w.Name, Listeners: &w.Listeners, Members: &w.Members}
+		u := controllerapi.LoadBalancerUpdate{Name: &w.Name, Listeners: &w.Listeners, Members: &w.Members, Policy: &w.Policy}
 		if w.Persistence != nil {
 			u.SessionPersistence = w.Persistence
 		} else {

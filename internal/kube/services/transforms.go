@@ -5,6 +5,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"kurma.dev/kurma/internal/kube/podnet"
 )
 
 // The informers' transforms replace each Service and EndpointSlice by a
@@ -53,6 +55,11 @@ type svcObj struct {
 	lbClass    *string
 	lbIP       string
 	status     *corev1.ServiceStatus // nil when empty (a ClusterIP Service's)
+	// The traffic policies and host-level frontends.
+	externalIPs []string
+	etp         corev1.ServiceExternalTrafficPolicy
+	itp         *corev1.ServiceInternalTrafficPolicy
+	hcNodePort  int32
 }
 
 // sliceObj is the cached record of an EndpointSlice.
@@ -73,12 +80,13 @@ type slicePort struct {
 	hasPort bool
 }
 
-// sliceEndpoint is an endpoint's first address, its ready condition and
-// the uid of the Pod it targets.
+// sliceEndpoint is an endpoint's first address, its conditions, its node
+// and the uid of the Pod it targets.
 type sliceEndpoint struct {
-	addr  string
-	ready *bool
-	pod   types.UID
+	addr                        string
+	ready, serving, terminating *bool
+	node                        string
+	pod                         types.UID
 }
 
 // The values of a few enumerated fields, so that records share one copy
@@ -87,7 +95,9 @@ var (
 	serviceTypes = []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeLoadBalancer,
 		corev1.ServiceTypeNodePort, corev1.ServiceTypeExternalName}
 	affinities = []corev1.ServiceAffinity{corev1.ServiceAffinityNone, corev1.ServiceAffinityClientIP}
-	protocols  = []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
+	etps       = []corev1.ServiceExternalTrafficPolicy{corev1.ServiceExternalTrafficPolicyCluster,
+		corev1.ServiceExternalTrafficPolicyLocal}
+	protocols = []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
 
 	addressTypes = []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6,
 		discoveryv1.AddressTypeFQDN}
@@ -111,7 +121,9 @@ func compactService(obj any) (any, error) {
 	}
 	sp := &s.Spec
 	o := &svcObj{objMeta: metaOf(&s.ObjectMeta), typ: intern(sp.Type, serviceTypes), clusterIP: sp.ClusterIP,
-		affinity: intern(sp.SessionAffinity, affinities), lbClass: sp.LoadBalancerClass, lbIP: sp.LoadBalancerIP}
+		affinity: intern(sp.SessionAffinity, affinities), lbClass: sp.LoadBalancerClass, lbIP: sp.LoadBalancerIP,
+		externalIPs: sp.ExternalIPs, etp: intern(sp.ExternalTrafficPolicy, etps), itp: sp.InternalTrafficPolicy,
+		hcNodePort: sp.HealthCheckNodePort}
 	if len(s.Status.LoadBalancer.Ingress) > 0 || len(s.Status.Conditions) > 0 {
 		st := s.Status // a copy: a pointer into s would keep all of s
 		o.status = &st
@@ -126,7 +138,7 @@ func compactService(obj any) (any, error) {
 		o.ports = make([]corev1.ServicePort, len(sp.Ports))
 		for i, p := range sp.Ports {
 			o.ports[i] = corev1.ServicePort{Name: p.Name, Protocol: intern(p.Protocol, protocols), Port: p.Port,
-				TargetPort: p.TargetPort}
+				TargetPort: p.TargetPort, NodePort: p.NodePort}
 		}
 	}
 	return o, nil
@@ -136,7 +148,8 @@ func compactService(obj any) (any, error) {
 func (o *svcObj) service() *corev1.Service {
 	s := &corev1.Service{ObjectMeta: o.objectMeta(), Spec: corev1.ServiceSpec{
 		Type: o.typ, ClusterIP: o.clusterIP, ClusterIPs: o.clusterIPs, Ports: o.ports, SessionAffinity: o.affinity,
-		LoadBalancerClass: o.lbClass, LoadBalancerIP: o.lbIP,
+		LoadBalancerClass: o.lbClass, LoadBalancerIP: o.lbIP, ExternalIPs: o.externalIPs,
+		ExternalTrafficPolicy: o.etp, InternalTrafficPolicy: o.itp, HealthCheckNodePort: o.hcNodePort,
 	}}
 	if o.status != nil {
 		s.Status = *o.status
@@ -170,7 +183,8 @@ func compactSlice(obj any) (any, error) {
 			if len(e.Addresses) > 0 {
 				o.eps[i].addr = e.Addresses[0]
 			}
-			o.eps[i].ready = e.Conditions.Ready
+			o.eps[i].ready, o.eps[i].serving, o.eps[i].terminating = e.Conditions.Ready, e.Conditions.Serving, e.Conditions.Terminating
+			o.eps[i].node = strp(e.NodeName)
 			if r := e.TargetRef; r != nil && r.Kind == "Pod" {
 				o.eps[i].pod = r.UID
 			}
@@ -194,7 +208,11 @@ func (o *sliceObj) slice() *discoveryv1.EndpointSlice {
 	}
 	s.Endpoints = make([]discoveryv1.Endpoint, len(o.eps))
 	for i, e := range o.eps {
-		ep := discoveryv1.Endpoint{Conditions: discoveryv1.EndpointConditions{Ready: e.ready}}
+		ep := discoveryv1.Endpoint{Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Serving: e.serving,
+			Terminating: e.terminating}}
+		if e.node != "" {
+			ep.NodeName = &e.node
+		}
 		if e.addr != "" {
 			ep.Addresses = []string{e.addr}
 		}
@@ -204,4 +222,33 @@ func (o *sliceObj) slice() *discoveryv1.EndpointSlice {
 		s.Endpoints[i] = ep
 	}
 	return s
+}
+
+// nodeObj is the cached record of a Node: its name and the host id its
+// agent announced (empty: the name).
+type nodeObj struct {
+	objMeta
+	hostID string
+}
+
+// compactNode is the Node informer's transform.
+func compactNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	o := &nodeObj{objMeta: metaOf(&n.ObjectMeta)}
+	if id := n.Annotations[podnet.HostIDAnnotation]; id != n.Name {
+		o.hostID = id
+	}
+	return o, nil
+}
+
+// nodeOf unwraps a tombstone.
+func nodeOf(o any) *nodeObj {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	n, _ := o.(*nodeObj)
+	return n
 }

@@ -30,17 +30,21 @@ func TestCompactRecords(t *testing.T) {
 		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: new(int32(60))}}
 		s.Spec.ClusterIPs = []string{"10.96.0.40", "fd00:96::40"}
+		s.Spec.ExternalIPs = []string{"192.0.2.1"}
+		s.Spec.ExternalTrafficPolicy, s.Spec.HealthCheckNodePort = corev1.ServiceExternalTrafficPolicyLocal, 31000
+		s.Spec.InternalTrafficPolicy = new(corev1.ServiceInternalTrafficPolicyLocal)
 		s.Spec.Ports[0].NodePort, s.Spec.Ports[0].AppProtocol = 30080, new("http")
 		vip := corev1.LoadBalancerIPModeVIP
 		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.7", IPMode: &vip}}
 		s.Status.Conditions = []metav1.Condition{{Type: ConditionFloatingIP, Status: metav1.ConditionTrue, Reason: ReasonAllocated}}
 		a := slice("web-a", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080},
-			ep{"10.32.0.9", nil}, ep{"10.32.0.2", new(false)}, ep{"10.32.0.5", new(true)})
+			ep{addr: "10.32.0.9"}, ep{addr: "10.32.0.2", ready: new(false)}, ep{addr: "10.32.0.5", ready: new(true)},
+			ep{addr: "10.32.0.6", terminating: true, node: "n2"})
 		a.Labels = map[string]string{discoveryv1.LabelServiceName: "web", "other": "x"}
 		a.Endpoints[0].TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "p", UID: "pod-uid"}
 		a.Endpoints[0].Addresses = append(a.Endpoints[0].Addresses, "10.32.0.99")
 		a.Endpoints[2].NodeName, a.Endpoints[2].Zone = new("n1"), new("z")
-		b := slice("web-b", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8081}, ep{"10.32.0.7", nil})
+		b := slice("web-b", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8081}, ep{addr: "10.32.0.7"})
 		b.Labels = map[string]string{discoveryv1.LabelServiceName: "web"}
 		return s, []*discoveryv1.EndpointSlice{a, b}
 	}
@@ -71,8 +75,8 @@ func TestCompactRecords(t *testing.T) {
 		rebuilt = append(rebuilt, o.(*sliceObj).slice())
 	}
 	s, sls = full() // the transforms may have changed the decoded objects
-	got := desired(so.service(), rebuilt, testSvcCIDR, testVPC)
-	want := desired(s, sls, testSvcCIDR, testVPC)
+	got := desired(so.service(), rebuilt, testSvcCIDR, testVPC, nil)
+	want := desired(s, sls, testSvcCIDR, testVPC, nil)
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("desired from records:\n%+v\nfrom objects:\n%+v", got, want)
 	}

@@ -1,0 +1,222 @@
+package lbpath
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/nftables"
+	"sigs.k8s.io/knftables"
+)
+
+// setName is the name of set i in generation gen ("a" or "b"): Sync fills
+// the other generation and switches the rules to it in one transaction.
+func setName(i int, gen string) string { return setDefs[i].name + "-" + gen }
+
+// SetName is the current kernel name of one of the sets ("services",
+// "backends", ...).
+func (p *Path) SetName(base string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return base + "-" + p.gen
+}
+
+func (p *Path) useGen(gen string) {
+	p.gen = gen
+	for i, d := range setDefs {
+		p.sets[i] = &nftables.Set{Table: p.tbl, Name: setName(i, gen), IsMap: d.isMap}
+	}
+}
+
+func otherGen(g string) string {
+	if g == "a" {
+		return "b"
+	}
+	return "a"
+}
+
+// addSets adds the sets of generation gen to tx.
+func addSets(tx *knftables.Transaction, gen string) {
+	for i, d := range setDefs {
+		if d.isMap {
+			tx.Add(&knftables.Map{Name: setName(i, gen), Type: d.decl})
+		} else {
+			tx.Add(&knftables.Set{Name: setName(i, gen), Type: d.decl})
+		}
+	}
+}
+
+// writeSkeleton adds the table, its sets and base chains, and rewrites
+// the base chains' rules. Adding what exists changes nothing, so this is
+// safe on a table a previous run left.
+// With drop set, the sets of that generation are deleted in the same
+// transaction that points the rules at gen.
+func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
+	tx := p.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	addSets(tx, gen)
+	// Declared with types, not typeof: nft 1.0.6 fails to read back the
+	// typeof of some of these from the kernel when the table exists.
+	tx.Add(&knftables.Map{Name: "affinity", Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service : mark",
+		Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Size: knftables.PtrTo[uint64](1 << 20),
+		Timeout: knftables.PtrTo(3 * time.Hour)})
+	tx.Add(&knftables.Map{Name: "classes", Type: "mark : verdict", Comment: knftables.PtrTo("class (member count, affinity) -> pick chain")})
+	tx.Add(&knftables.Chain{Name: emptyChain, Comment: knftables.PtrTo("load balancers without members")})
+	tx.Flush(&knftables.Chain{Name: emptyChain})
+	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "meta l4proto tcp reject with tcp reset"})
+	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "reject"})
+	tx.Add(&knftables.Element{Map: "classes", Key: []string{"0"}, Value: []string{"goto " + emptyChain}})
+	tx.Add(&knftables.Set{Name: nodeAddrsSet, Type: "ipv4_addr", Comment: knftables.PtrTo("addresses node ports answer on")})
+	tx.Flush(&knftables.Set{Name: nodeAddrsSet})
+	for _, a := range p.cfg.NodeAddrs {
+		tx.Add(&knftables.Element{Set: nodeAddrsSet, Key: []string{a.String()}})
+	}
+
+	base := func(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority, rules ...string) {
+		tx.Add(&knftables.Chain{Name: name, Type: &typ, Hook: &hook, Priority: &prio})
+		tx.Flush(&knftables.Chain{Name: name})
+		for _, r := range rules {
+			tx.Add(&knftables.Rule{Chain: name, Rule: r})
+		}
+	}
+	for _, r := range p.rules(gen) {
+		base(r.name, r.typ, r.hook, r.prio, r.rules...)
+	}
+	if drop != "" {
+		addSets(tx, drop)
+		for i, d := range setDefs {
+			if d.isMap {
+				tx.Delete(&knftables.Map{Name: setName(i, drop)})
+			} else {
+				tx.Delete(&knftables.Set{Name: setName(i, drop)})
+			}
+		}
+	}
+	if err := p.runNft(ctx, tx); err != nil {
+		return fmt.Errorf("lbpath: write table %s: %w", p.cfg.Table, err)
+	}
+	return nil
+}
+
+// CtMarkSNAT is the connection-mark bit of connections that nat-post
+// source-NATs to the node address: those of external frontends of load
+// balancers without ExternalLocal, and those the host opens into a VPC
+// bridge. Other users of the connection mark on the host must keep away
+// from it.
+const CtMarkSNAT = 0x00400000
+
+// nodeAddrsSet holds Config.NodeAddrs; it is written with the skeleton.
+const nodeAddrsSet = "node-addrs"
+
+// baseChain is one base chain and its rules.
+type baseChain struct {
+	name  string
+	typ   knftables.BaseChainType
+	hook  knftables.BaseChainHook
+	prio  knftables.BaseChainPriority
+	rules []string
+}
+
+// baseChains are the names of the chains rules returns (Check wants them).
+var baseChains = []string{"select-member", "select-out", "nat-pre", "nat-out", "nat-post", "filter-fwd", "filter-in"}
+
+// rules are the base chains and their rules, pointing at the sets of
+// generation gen.
+//
+// A new connection is matched in this order, in select-member (packets
+// arriving) and select-out (packets the host sends), the nat chains doing
+// the same lookups for the DNAT: a frontend keyed by input interface (a
+// VIP on its bridge, "" for the host's own connections, a FIP on the
+// external interface), then an external address on any interface, then a
+// node port on a node address. The first map that holds the packet's key
+// sets the class, whose pick chain sets the member index in the mark.
+func (p *Path) rules(gen string) []baseChain {
+	set := func(i int) string { return "@" + setName(i, gen) }
+	ext := strconv.Quote(p.cfg.ExtIface)
+	svcTuple := "iifname . ip daddr . meta l4proto . th dport"
+	extTuple := "ip daddr . meta l4proto . th dport"
+	npTuple := "meta l4proto . th dport"
+	nodeAddr := "ip daddr @" + nodeAddrsSet + " "
+	snatMark := fmt.Sprintf("ct mark set ct mark | 0x%x", CtMarkSNAT)
+	sel := []string{
+		// External frontends whose connections are source-NATed to the
+		// node address: decided here, where the frontend is still the
+		// destination, and carried to nat-post in the connection's mark.
+		"ct state new " + extTuple + " " + set(setSNATFront) + " " + snatMark,
+		"ct state new " + nodeAddr + npTuple + " " + set(setSNATNP) + " " + snatMark,
+		"ct state new meta mark set " + svcTuple + " map " + set(setSvc) + " meta mark vmap @classes",
+		"ct state new meta mark set " + extTuple + " map " + set(setExt) + " meta mark vmap @classes",
+		"ct state new " + nodeAddr + "meta mark set " + npTuple + " map " + set(setNP) + " meta mark vmap @classes",
+	}
+	dnat := []string{
+		"dnat ip to " + svcTuple + " . meta mark map " + set(setBackend),
+		"dnat ip to " + extTuple + " . meta mark map " + set(setExtBackend),
+		nodeAddr + "dnat ip to " + npTuple + " . meta mark map " + set(setNPBackend),
+	}
+	dnatIn := slices.Clone(dnat)
+	snat := []string{"ct status dnat ip saddr . ip daddr " + set(setHairpin) + " masquerade"}
+	var fwd, input []string
+	if p.cfg.ExtIface != "" {
+		dnatIn = append(dnatIn, "iifname "+ext+" dnat ip to ip daddr map "+set(setFIPDNAT))
+		snat = append(snat, "oifname "+ext+" snat ip to ip saddr map "+set(setFIPSNAT))
+		input = append(input, "ip daddr "+set(setFIPAddrs)+" reject")
+	}
+	// Connections of external frontends are source-NATed to the node
+	// address unless their load balancer keeps the client's (local
+	// members only), so that a member on another host replies through
+	// this one.
+	toNode := "masquerade"
+	if p.cfg.NodeIP.IsValid() {
+		toNode = "snat ip to " + p.cfg.NodeIP.String()
+	}
+	snat = append(snat, fmt.Sprintf("ct mark & 0x%x == 0x%x %s", CtMarkSNAT, CtMarkSNAT, toNode))
+	selOut := sel
+	if g := p.cfg.BridgeGlob; g != "" {
+		br := strconv.Quote(g)
+		if p.cfg.NodeIP.IsValid() {
+			// What the host sends into a VPC leaves from the bridge's
+			// gateway address, which every host shares: a pod on another
+			// host would answer its own host. The node address is unique.
+			selOut = append([]string{"ct state new oifname " + br + " ip saddr != " + p.cfg.NodeIP.String() + " " + snatMark}, sel...)
+		}
+		// Members outside the VPC (host addresses) on another host, and,
+		// with Egress, whatever pods send out: replies must come back
+		// through this host.
+		if p.cfg.Egress {
+			snat = append(snat, "iifname "+br+" oifname != "+br+" masquerade")
+		} else {
+			snat = append(snat, "ct status dnat iifname "+br+" oifname != "+br+" masquerade")
+		}
+	}
+	if p.cfg.AcceptMark != 0 {
+		m := fmt.Sprintf("meta mark set meta mark | 0x%x", p.cfg.AcceptMark)
+		// The VPC isolation drops what is routed into or out of a VPC
+		// bridge unless this bit is set: let NATed connections through
+		// (FIPs DNATed to a port or VIP and SNATed from a port, load
+		// balancer connections of external frontends and outside
+		// members, the runtime's host ports), and with Egress what pods
+		// send out.
+		fwd = append(fwd, "ct status dnat "+m, "ct status snat "+m)
+		if p.cfg.ExtIface != "" {
+			// The first packet of a FIP port's egress: its reply tuple is
+			// not NATed yet.
+			fwd = append(fwd, "oifname "+ext+" ip saddr "+set(setFIPPorts)+" "+m)
+		}
+		if p.cfg.Egress && p.cfg.BridgeGlob != "" {
+			br := strconv.Quote(p.cfg.BridgeGlob)
+			fwd = append(fwd, "iifname "+br+" oifname != "+br+" "+m)
+		}
+	}
+	return []baseChain{
+		{"select-member", knftables.FilterType, knftables.PreroutingHook, "dstnat - 10", sel},
+		// The priority names of prerouting do not exist for output.
+		{"select-out", knftables.FilterType, knftables.OutputHook, "-110", selOut},
+		{"nat-pre", knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, dnatIn},
+		{"nat-out", knftables.NATType, knftables.OutputHook, "-100", dnat},
+		{"nat-post", knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, snat},
+		{"filter-fwd", knftables.FilterType, knftables.ForwardHook, "filter - 10", fwd},
+		{"filter-in", knftables.FilterType, knftables.InputHook, knftables.FilterPriority, input},
+	}
+}
