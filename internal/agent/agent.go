@@ -139,7 +139,7 @@ func New(cfg Config) (*Agent, error) {
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
-		lb:     newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
+		lb: newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
 		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{},
 	}, nil
 }
