@@ -53,6 +53,8 @@ type env struct {
 
 	logMu sync.Mutex
 	logs  []string // the in-process reconcilers' log lines (Warn and up)
+
+	r *services.Reconciler // the last one reconciler started
 }
 
 func start(t *testing.T, withExternal bool) *env {
@@ -123,6 +125,7 @@ func (e *env) reconciler(resync time.Duration) (stop func()) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.r = r
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

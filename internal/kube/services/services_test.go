@@ -100,12 +100,15 @@ func TestClusterIP(t *testing.T) {
 	e.applySlice(endpoints("web", "headless-a", "headless", nil, "10.32.0.5"))
 
 	// Selector-less Service whose slices another party manages, with an
-	// address outside the VPC (e.g. a node) that is left out.
+	// address outside the VPC (e.g. a node), an external member.
 	m := e.createSvc(svc("web", "manual", tcp("", 443, intstr.FromInt32(8443))))
 	e.applySlice(endpoints("web", "manual-x", "manual", []discoveryv1.EndpointPort{eport("", corev1.ProtocolTCP, 8443)}, "10.33.1.1", "172.16.0.1"))
 	e.waitLB(m, "selector-less members", func(lb *capi.LoadBalancer) error {
-		if got := addrs(lb); !slices.Equal(got, []string{"10.33.1.1"}) {
+		if got := addrs(lb); !slices.Equal(got, []string{"10.33.1.1", "172.16.0.1"}) {
 			return fmt.Errorf("members %v", got)
+		}
+		if lb.Members[0].External || !lb.Members[1].External || !lb.HostAccess {
+			return fmt.Errorf("members %+v, host access %v: want the node address external", lb.Members, lb.HostAccess)
 		}
 		return nil
 	})
@@ -281,12 +284,24 @@ func TestLoadBalancer(t *testing.T) {
 		return nil
 	})
 
-	for _, n := range []string{"a", "c", "d", "g"} {
+	// A Service that waits for a taken address and is deleted while it
+	// waits leaves nothing waiting.
+	h := e.createSvc(lbSvc("lb", "h", "192.0.2.77"))
+	e.eventually(15*time.Second, "h waits for the taken address", func() error {
+		if addrs, _ := e.r.Waiting(); addrs != 1 || !slices.Contains(e.events(h), services.ReasonAddressTaken) {
+			return fmt.Errorf("%d addresses waited for, events %v", addrs, e.events(h))
+		}
+		return nil
+	})
+	for _, n := range []string{"a", "c", "d", "g", "h"} {
 		e.deleteSvc("lb", n)
 	}
-	e.eventually(15*time.Second, "all floating IPs released", func() error {
+	e.eventually(15*time.Second, "all floating IPs released, nothing waits", func() error {
 		if fs := e.ourFIPs(); len(fs) != 0 {
 			return fmt.Errorf("%d floating ips left: %+v", len(fs), fs)
+		}
+		if addrs, warned := e.r.Waiting(); addrs != 0 || warned != 0 {
+			return fmt.Errorf("%d addresses waited for, %d Services warned", addrs, warned)
 		}
 		return nil
 	})
@@ -359,6 +374,21 @@ func TestNoExternalNetwork(t *testing.T) {
 	e.namespace("nx")
 	s := e.createSvc(lbSvc("nx", "s", ""))
 	e.waitLB(s, "clusterIP load balancer without an external network", func(*capi.LoadBalancer) error { return nil })
+	// One more, deleted while it waits: it does not stay in the caches.
+	gone := e.createSvc(lbSvc("nx", "gone", ""))
+	e.eventually(15*time.Second, "both warned", func() error {
+		if _, warned := e.r.Waiting(); warned != 2 {
+			return fmt.Errorf("%d Services warned", warned)
+		}
+		return nil
+	})
+	e.deleteSvc("nx", gone.Name)
+	e.eventually(15*time.Second, "the deleted one forgotten", func() error {
+		if _, warned := e.r.Waiting(); warned != 1 {
+			return fmt.Errorf("%d Services warned", warned)
+		}
+		return nil
+	})
 	e.eventually(15*time.Second, "missing network reported", func() error {
 		cond := meta.FindStatusCondition(e.getSvc("nx", "s").Status.Conditions, services.ConditionFloatingIP)
 		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != services.ReasonNoExternal {

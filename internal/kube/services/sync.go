@@ -90,10 +90,19 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 	r.mu.Lock()
 	vpc := r.vpcPrefix
 	var old string
+	var oldUID types.UID
 	if e, ok := r.lbs[key]; ok {
-		old = LBID(e.uid)
+		old, oldUID = LBID(e.uid), e.uid
 	}
 	r.mu.Unlock()
+	if svc == nil || !r.wantsFIP(svc) || oldUID != "" && oldUID != svc.UID {
+		// Nothing of this Service (or of the one it replaced) waits for
+		// an address any more.
+		r.forgetWaits(key, oldUID)
+		if svc != nil && !r.wantsFIP(svc) {
+			r.forgetWaits(key, svc.UID)
+		}
+	}
 	var w *wanted
 	if svc != nil {
 		w = desired(svc, r.slicesOf(key), r.cfg.ServiceCIDR, vpc, r.hostOf)
@@ -340,8 +349,35 @@ func (r *Reconciler) ensureFIP(ctx context.Context, key string, svc *corev1.Serv
 	r.mu.Lock()
 	r.fips[id] = cur
 	r.mu.Unlock()
+	r.forgetWaits(key, svc.UID)
 	return r.setStatus(ctx, svc, cur.FloatingIPAddress, metav1.ConditionTrue, ReasonAllocated,
 		"floating IP "+cur.FloatingIPAddress+" from external network "+r.cfg.ExternalNetwork)
+}
+
+// forgetWaits drops what the Service key (uid) waited for: a taken
+// address, the warning about the missing external network. Without it
+// the caches would keep every Service that ever waited.
+func (r *Reconciler) forgetWaits(key string, uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if uid != "" {
+		delete(r.warned, uid)
+	}
+	for addr, keys := range r.waitIP { // only the Services waiting now
+		delete(keys, key)
+		if len(keys) == 0 {
+			delete(r.waitIP, addr)
+		}
+	}
+}
+
+// Waiting reports how many addresses Services wait for and how many
+// Services were told that the external network is missing (for tests and
+// metrics: both go back to 0 when those Services are gone).
+func (r *Reconciler) Waiting() (addresses, warned int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.waitIP), len(r.warned)
 }
 
 // setStatus writes status.loadBalancer.ingress (ip, or none when empty)
