@@ -260,3 +260,12 @@ func TestHealthCheckNodePort(t *testing.T) {
 		t.Fatalf("after the load balancer went: %d %s, want no listener", code, body)
 	}
 }
+
+// TestLimitsAgree: the datapath takes every member the controller's
+// contract allows (lbpath cannot import controllerapi, so it keeps its
+// own copy of the limit).
+func TestLimitsAgree(t *testing.T) {
+	if lbpath.MaxMembers != controllerapi.MaxMembers {
+		t.Fatalf("lbpath.MaxMembers %d, controllerapi.MaxMembers %d", lbpath.MaxMembers, controllerapi.MaxMembers)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -123,7 +124,7 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 	// agent starts: that agent's underlay address must be one node2 can
 	// reach, or the VXLAN from node2 has nowhere to go.
 	n2 := secondNodeNS(t, e)
-	a := e.StartAgentAt(e.C.NodeName, ul1, sock, "--external-interface", ext)
+	a := e.StartAgentAt(e.C.NodeName, ul1, sock, "--external-interface", ext, "--service-cidr", kubecluster.ServiceCIDR)
 	// Runs before the agent stops (cleanups run last-in first-out): the
 	// pods' sandboxes go while the CNI DEL can still reach the agent.
 	t.Cleanup(func() {
@@ -221,6 +222,27 @@ func TestServicesWithoutKubeProxy(t *testing.T) {
 	})
 	answers(t, out, "tcp", net.JoinHostPort(lbIP, "80"), names(left), true)
 	t.Logf("LoadBalancer ingress %s answers from outside", lbIP)
+
+	// The node itself (the cluster's namespace: kubelet, hostNetwork
+	// pods) reaches the clusterIP; it has no default route, only the
+	// agent's route for the service range.
+	answers(t, e.C.NetNS, "tcp", net.JoinHostPort(vip, "80"), names(left), true)
+	// The LoadBalancer Service's node port answers from outside on the
+	// node address (the agent's --underlay-ip, its default node address).
+	nettest.IP(t, out, "route", "add", ul1+"/32", "via", extGW)
+	lbNow, err := kc.CoreV1().Services("svc-a").Get(ctx, "web-lb", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	np := strconv.Itoa(int(lbNow.Spec.Ports[0].NodePort))
+	answers(t, out, "tcp", net.JoinHostPort(ul1, np), names(left), true)
+	// A pod reaches the outside (masqueraded to the node's address on the
+	// external interface: the outside has no route to the pods).
+	nettest.Serve(t, out, net.JoinHostPort(outside, "9000"), "outside")
+	if got, err := nettest.Dial(client, net.JoinHostPort(outside, "9000"), 5*time.Second); err != nil || got != "outside" {
+		t.Fatalf("pod egress to the outside: %q, %v", got, err)
+	}
+	t.Logf("node -> clusterIP, outside -> node port %s, pod -> outside: all answered", np)
 
 	// Deleting the Service releases the address.
 	if err := kc.CoreV1().Services("svc-a").Delete(ctx, "web-lb", metav1.DeleteOptions{}); err != nil {
