@@ -301,13 +301,15 @@ func (e *env) waitNoLB(s *corev1.Service, what string) {
 	})
 }
 
+// addrs lists a load balancer's member addresses, sorted, each once
+// (members are per listener: one address may be a member of several).
 func addrs(lb *capi.LoadBalancer) []string {
 	var out []string
 	for _, m := range lb.Members {
 		out = append(out, m.Address)
 	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // ourFIPs lists the project's floating IPs made for Services.

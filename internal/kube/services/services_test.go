@@ -305,6 +305,11 @@ func TestLoadBalancer(t *testing.T) {
 		}
 		return nil
 	})
+	// Status writes merge by condition type: none conflicts with a cache a
+	// moment behind (the noise an operator would chase).
+	if n := e.logCount("the object has been modified"); n != 0 {
+		t.Fatalf("%d status writes conflicted", n)
+	}
 }
 
 // TestLoadBalancerCycles: 1,000 LoadBalancer Services created and deleted

@@ -396,32 +396,36 @@ func (r *Reconciler) setStatus(ctx context.Context, svc *corev1.Service, ip stri
 	if equality.Semantic.DeepEqual(s.Status, svc.Status) {
 		return nil
 	}
-	if err := r.patchStatus(ctx, svc, s.Status); err != nil {
+	if err := r.patchStatus(ctx, svc, ingress, meta.FindStatusCondition(s.Status.Conditions, ConditionFloatingIP)); err != nil {
 		return fmt.Errorf("update status of %s/%s: %w", s.Namespace, s.Name, err)
 	}
 	return nil
 }
 
-// patchStatus writes st's load balancer ingress and conditions into the
-// Service's status with a merge patch conditional on the cached
-// resourceVersion (a stale cache gets a conflict, retried). A patch, not
-// an update: the cached object lacks the fields the transform dropped.
-func (r *Reconciler) patchStatus(ctx context.Context, svc *corev1.Service, st corev1.ServiceStatus) error {
-	var ingress, conds any // JSON null removes the field
-	if len(st.LoadBalancer.Ingress) > 0 {
-		ingress = st.LoadBalancer.Ingress
+// patchStatus sets the Service's load balancer ingress and our condition
+// (cond nil: removes it) with a strategic merge patch of the status: the
+// conditions merge by type, so the patch touches only what is ours and
+// needs no resourceVersion precondition (a condition written by someone
+// else stays, and a cache a moment behind the API server does not make
+// the patch conflict). A patch, not an update: the cached object lacks
+// the fields the transform dropped. The ingress list is ours as the
+// Service's load balancer implementation.
+func (r *Reconciler) patchStatus(ctx context.Context, svc *corev1.Service, ingress []corev1.LoadBalancerIngress, cond *metav1.Condition) error {
+	var in any // JSON null removes the field
+	if len(ingress) > 0 {
+		in = ingress
 	}
-	if len(st.Conditions) > 0 {
-		conds = st.Conditions
+	c := any(map[string]string{"type": ConditionFloatingIP, "$patch": "delete"})
+	if cond != nil {
+		c = cond
 	}
 	b, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"resourceVersion": svc.ResourceVersion},
-		"status":   map[string]any{"loadBalancer": map[string]any{"ingress": ingress}, "conditions": conds},
+		"status": map[string]any{"loadBalancer": map[string]any{"ingress": in}, "conditions": []any{c}},
 	})
 	if err != nil {
 		return err
 	}
-	_, err = r.kube.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, b,
+	_, err = r.kube.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.StrategicMergePatchType, b,
 		metav1.PatchOptions{}, "status")
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -438,10 +442,7 @@ func (r *Reconciler) clearStatus(ctx context.Context, svc *corev1.Service) error
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer && clusterIP(svc, r.cfg.ServiceCIDR).IsValid() {
 		return nil
 	}
-	st := *svc.Status.DeepCopy()
-	st.LoadBalancer.Ingress = nil
-	meta.RemoveStatusCondition(&st.Conditions, ConditionFloatingIP)
-	if err := r.patchStatus(ctx, svc, st); err != nil {
+	if err := r.patchStatus(ctx, svc, nil, nil); err != nil {
 		return fmt.Errorf("clear status of %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return nil

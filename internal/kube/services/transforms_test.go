@@ -80,7 +80,9 @@ func TestCompactRecords(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("desired from records:\n%+v\nfrom objects:\n%+v", got, want)
 	}
-	if len(want.Members) != 3 || want.Members[2].PortID != "pod-pod-uid" || want.Persistence == nil {
+	if len(want.Members) != 4 || want.Members[3].PortID != "pod-pod-uid" || !want.Members[1].Backup ||
+		want.Members[1].HostID != "n2" || want.Persistence == nil || !want.Policy.ExternalLocal || !want.Policy.InternalLocal ||
+		want.Policy.HealthCheckNodePort == 0 || len(want.Policy.ExternalAddresses) != 1 || want.Listeners[0].NodePort == 0 {
 		t.Fatalf("the fixture does not exercise members, targets and affinity: %+v", want)
 	}
 	r := &Reconciler{cfg: Config{Class: DefaultClass, ServiceCIDR: testSvcCIDR}}
