@@ -17,15 +17,8 @@ import (
 // Apply makes the changes live in one nft transaction that touches only
 // the elements they change.
 func (p *Path) Apply(ctx context.Context, ch Changes) error {
-	for i := range ch.LBs {
-		if err := ch.LBs[i].Validate(); err != nil {
-			return err
-		}
-	}
-	for i := range ch.FIPs {
-		if err := ch.FIPs[i].Validate(); err != nil {
-			return err
-		}
+	if err := validate(ch.LBs, ch.FIPs); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

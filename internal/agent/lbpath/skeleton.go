@@ -39,13 +39,23 @@ func otherGen(g string) string {
 
 // addSets adds the sets of generation gen to tx.
 func addSets(tx *knftables.Transaction, gen string) {
+	for _, o := range setObjects(gen) {
+		tx.Add(o)
+	}
+}
+
+// setObjects are the sets and maps of generation gen, with their types
+// (for Add; Flush and Delete need only the names).
+func setObjects(gen string) []knftables.Object {
+	out := make([]knftables.Object, 0, numSets)
 	for i, d := range setDefs {
 		if d.isMap {
-			tx.Add(&knftables.Map{Name: setName(i, gen), Type: d.decl})
+			out = append(out, &knftables.Map{Name: setName(i, gen), Type: d.decl})
 		} else {
-			tx.Add(&knftables.Set{Name: setName(i, gen), Type: d.decl})
+			out = append(out, &knftables.Set{Name: setName(i, gen), Type: d.decl})
 		}
 	}
+	return out
 }
 
 // writeSkeleton adds the table, its sets and base chains, and rewrites
@@ -85,13 +95,9 @@ func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 		base(r.name, r.typ, r.hook, r.prio, r.rules...)
 	}
 	if drop != "" {
-		addSets(tx, drop)
-		for i, d := range setDefs {
-			if d.isMap {
-				tx.Delete(&knftables.Map{Name: setName(i, drop)})
-			} else {
-				tx.Delete(&knftables.Set{Name: setName(i, drop)})
-			}
+		for _, o := range setObjects(drop) {
+			tx.Add(o) // deleting what a crash already removed fails
+			tx.Delete(o)
 		}
 	}
 	if err := p.runNft(ctx, tx); err != nil {

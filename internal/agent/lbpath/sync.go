@@ -11,22 +11,14 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/knftables"
 )
 
 // Sync makes the kernel match s exactly: it reads back every element,
 // route and pick chain, adds what is missing and removes what is stale.
 // Call it at start and after a failed Apply.
 func (p *Path) Sync(ctx context.Context, s State) error {
-	for i := range s.LBs {
-		if err := s.LBs[i].Validate(); err != nil {
-			return err
-		}
-	}
-	for i := range s.FIPs {
-		if err := s.FIPs[i].Validate(); err != nil {
-			return err
-		}
+	if err := validate(s.LBs, s.FIPs); err != nil {
+		return err
 	}
 	if err := p.ensureServiceRoutes(); err != nil {
 		return err
@@ -62,13 +54,9 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 		return err
 	}
 	tx := p.nft.NewTransaction()
-	addSets(tx, gen)
-	for i, d := range setDefs {
-		if d.isMap {
-			tx.Flush(&knftables.Map{Name: setName(i, gen)})
-		} else {
-			tx.Flush(&knftables.Set{Name: setName(i, gen)})
-		}
+	for _, o := range setObjects(gen) {
+		tx.Add(o)
+		tx.Flush(o)
 	}
 	if err := p.runNft(ctx, tx); err != nil {
 		return fmt.Errorf("lbpath: prepare sets %s: %w", gen, err)

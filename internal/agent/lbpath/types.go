@@ -194,3 +194,18 @@ func (f FIP) String() string { return fmt.Sprintf("fip %s (%v)", f.ID, f.Addr) }
 func sameMember(a, b Member) bool {
 	return a.Addr == b.Addr && a.Port == b.Port && a.Local == b.Local && a.Backup == b.Backup && slices.Equal(a.Serves, b.Serves)
 }
+
+// validate checks every load balancer and floating IP.
+func validate(lbs []LB, fips []FIP) error {
+	for i := range lbs {
+		if err := lbs[i].Validate(); err != nil {
+			return err
+		}
+	}
+	for i := range fips {
+		if err := fips[i].Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
