@@ -518,13 +518,15 @@ func (r *Reconciler) resync(ctx context.Context) error {
 		}
 		newFIPs[f.ID] = f
 	}
+	// Counted before the maps go to the workers, which write them.
+	nLBs, nFIPs := len(newLBs), len(newFIPs)
 	r.mu.Lock()
 	r.lbs, r.fips = newLBs, newFIPs
 	r.mu.Unlock()
 	for _, k := range keys {
 		r.q.Add(k)
 	}
-	r.log.Info("services: resync", "services", len(keys), "load_balancers", len(newLBs), "floating_ips", len(newFIPs),
+	r.log.Info("services: resync", "services", len(keys), "load_balancers", nLBs, "floating_ips", nFIPs,
 		"stale_deleted", stale, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
