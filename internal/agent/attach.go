@@ -122,12 +122,25 @@ func (a *Agent) Detach(ctx context.Context, portID string) error {
 	a.waiters[portID] = append(a.waiters[portID], ch)
 	a.mu.Unlock()
 	a.q.AddUrgent(portKey(portID)) // a CNI ADD or DEL waits on it
+	retried := false
 	for {
 		select {
 		case <-ctx.Done():
 			a.dropWaiter(portID, ch)
 			return fmt.Errorf("detach port %s: %w", portID, ctx.Err())
 		case r := <-ch:
+			if r.err != nil && !retried {
+				// The result may be that of a sync which began before
+				// the attachment was forgotten (its namespace gone, say):
+				// the queue runs the key again after it, and that sync's
+				// outcome is the one that answers this Detach.
+				retried = true
+				a.mu.Lock()
+				a.waiters[portID] = append(a.waiters[portID], ch)
+				a.mu.Unlock()
+				a.q.AddUrgent(portKey(portID))
+				continue
+			}
 			if r.err != nil {
 				return fmt.Errorf("detach port %s: %w", portID, r.err)
 			}
