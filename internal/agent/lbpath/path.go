@@ -58,7 +58,8 @@ type Config struct {
 	// source-NATed to (so that a member on another host replies through
 	// this one), and the source of what the host itself sends into a VPC
 	// bridge. Invalid: masquerade (the outgoing interface's address),
-	// which only works for members on this host.
+	// which only works for members on this host; so does a loopback
+	// address, which cannot leave the host.
 	NodeIP netip.Addr
 	// NodeAddrs are the addresses node ports answer on; default NodeIP.
 	NodeAddrs []netip.Addr
