@@ -1,11 +1,3 @@
-// Command mkimage packs a folder as a one-layer image and writes it as a
-// docker-save tarball under one or more names, for `ctr images import` on a
-// node that reaches no registry. test/conformance builds the offline images
-// of the upstream e2e suite with it (hack/conformance-images.sh).
-//
-// Usage:
-//
-//	mkimage -o out.tar -root DIR -tag NAME[,NAME...] [-entrypoint A,B] [-cmd A,B] [-env K=V,...]
 package main
 
 import (
