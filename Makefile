@@ -130,7 +130,7 @@ CONFORMANCE_SET ?= conformance
 CONFORMANCE_PEERS ?= kurma,kube-proxy
 conformance: test-deps build conformance-images
 	KURMA_BIN_DIR=$(BIN) KURMA_CONFORMANCE_SET=$(CONFORMANCE_SET) KURMA_CONFORMANCE_PEERS=$(CONFORMANCE_PEERS) \
-	  $(GO) test -count=1 -timeout 4h -v -run '^TestUpstream$$' ./test/conformance
+	  $(GO) test -count=1 -timeout 4h -v -run '^TestUpstream$$' ./test/conformance 2>&1 | tee $(BIN)/conformance-$(CONFORMANCE_SET).log; exit $${PIPESTATUS[0]}
 
 # Images built from this repo's programs (see hack/build-images.sh).
 # (networking: the netplugin image packs bin/cni, hence tools.)
@@ -149,7 +149,8 @@ HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manag
 	kurma.dev/kurma/test/e2e kurma.dev/kurma/test/cniconformance \
 	kurma.dev/kurma/internal/testutil/kubecluster kurma.dev/kurma/internal/kube/services \
 	kurma.dev/kurma/internal/kube/watcher kurma.dev/kurma/internal/kube/cnid \
-	kurma.dev/kurma/deploy/kubernetes kurma.dev/kurma/test/k8se2e kurma.dev/kurma/test/k8sservices
+	kurma.dev/kurma/deploy/kubernetes kurma.dev/kurma/test/k8se2e kurma.dev/kurma/test/k8sservices \
+	kurma.dev/kurma/test/conformance
 # The host is snapshotted before the tests and compared after them
 # (test/hostsnap): a run that leaves a link, netns, nft table, mount,
 # cgroup, state entry or changed forwarding sysctl behind fails.
@@ -157,7 +158,7 @@ HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manag
 # the host while the tests run).
 HOSTSNAP := $(BIN)/.hostsnap.json
 HOSTCHECK ?= 1
-test: test-deps build
+test: test-deps build conformance-images
 	$(GO) mod tidy -diff
 	$(GO) run ./test/hostsnap save $(HOSTSNAP)
 	KURMA_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' ./... >/dev/null

@@ -401,3 +401,33 @@ func TestUpstream(t *testing.T) {
 	}
 }
 
+
+// fast is the subset of `make test`: one upstream spec per data-plane
+// feature (DNS through the kube-dns Service, whose CoreDNS reaches the API
+// server through the `kubernetes` Service; NodePort; hostPort; session
+// affinity; members per Service port across EndpointSlices; multi-port
+// Services; node-to-pod UDP).
+var fast = Set{Name: "fast", Procs: 4, Focus: `\[sig-network\] (` + strings.Join([]string{
+	`DNS should provide DNS for services `,
+	`Services should be able to create a functioning NodePort service `,
+	`HostPort validates that there is no conflict between pods with same hostPort but different hostIP and protocol`,
+	`Services should have session affinity work for service with type clusterIP `,
+	`EndpointSlice should support a Service with multiple endpoint IPs specified in multiple EndpointSlices`,
+	`Services should serve multiport endpoints from pods `,
+	`Networking Granular Checks: Pods should function for node-pod communication: udp `,
+}, "|") + `)`}
+
+// TestFast runs the fast subset on Kurma (make test): every spec must pass.
+func TestFast(t *testing.T) {
+	requireBuild(t)
+	run := runSuite(t, Kurma, fast, Kurma)
+	fmt.Print(table([]Run{run}))
+	if n := len(run.Results); n != 7 {
+		t.Errorf("%d specs ran, want 7 (names changed upstream?)", n)
+	}
+	for _, x := range run.Results {
+		if x.State != "passed" {
+			t.Errorf("%s: %s: %s", x.Name, x.State, x.Message)
+		}
+	}
+}
