@@ -25,10 +25,6 @@ registry.k8s.io/e2e-test-images/httpd:2.4.38-4 registry.k8s.io/e2e-test-images/h
 registry.k8s.io/pause:3.10.2"
 COREDNS_NAME=kurma.dev/conformance-coredns:v1.15.0
 
-go build -trimpath -o "$BIN/mkimage" ./test/conformance/mkimage
-for f in "$BIN/e2e/agnhost" "$BIN/coredns/coredns"; do
-  [ -x "$f" ] || { echo "conformance images: $f missing (make e2e coredns)" >&2; exit 1; }
-done
 
 # The dependency closure of $PKGS, at the versions apt would fetch now.
 closure() {
@@ -37,15 +33,20 @@ closure() {
 }
 if ! apt-cache show netcat-openbsd >/dev/null 2>&1; then apt-get update -qq; fi
 debs=$(closure)
-versions=$(for p in $debs; do echo "$p=$(apt-cache policy "$p" | awk '/Candidate:/{print $2}')"; done)
+versions=$(apt-cache show --no-all-versions $debs | awk '/^Package:/{p=$2} /^Version:/{print p"="$2}' | sort -u)
 key=$(echo "$versions" | sha256sum | cut -c1-16)
 DEBS=$CACHE_ROOT/debs-$key
 if [ ! -f "$DEBS/.done" ]; then
   tmp=$(mktemp -d "$CACHE_ROOT/.tmp.XXXXXX")
   chmod 755 "$tmp"
-  ( cd "$tmp" && apt-get download -qq $(echo "$versions" | grep -v '=$') ) || { rm -rf "$tmp"; exit 1; }
+  ( cd "$tmp" && apt-get download -qq $versions ) || { rm -rf "$tmp"; exit 1; }
   touch "$tmp/.done" && { mv -T "$tmp" "$DEBS" 2>/dev/null || rm -rf "$tmp"; }
 fi
+
+go build -trimpath -o "$BIN/mkimage" ./test/conformance/mkimage
+for f in "$BIN/e2e/agnhost" "$BIN/coredns/coredns"; do
+  [ -x "$f" ] || { echo "conformance images: $f missing (make e2e coredns)" >&2; exit 1; }
+done
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
