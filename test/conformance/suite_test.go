@@ -401,7 +401,6 @@ func TestUpstream(t *testing.T) {
 	}
 }
 
-
 // fast is the subset of `make test`: one upstream spec per data-plane
 // feature (DNS through the kube-dns Service, whose CoreDNS reaches the API
 // server through the `kubernetes` Service; NodePort; hostPort; session
