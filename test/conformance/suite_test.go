@@ -5,12 +5,15 @@ import (
 	"encoding/xml"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/kubetest"
@@ -122,8 +125,37 @@ func startKurma(t *testing.T, ctx context.Context) *kubecluster.Cluster {
 	e.StartWatcher("--service-cidr", kubecluster.ServiceCIDR)
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
 		"--node-ip", kubecluster.NodeIP)
+	// Runs before the agent stops (cleanups run last-in first-out): the
+	// sandboxes go while their CNI DEL can still reach the agent.
+	t.Cleanup(func() { removePods(t, e.C) })
 	deployDNS(t, ctx, e.C)
 	return e.C
+}
+
+// removePods deletes CoreDNS and every pod left and waits until the node
+// holds no container.
+func removePods(t *testing.T, c *kubecluster.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	kc := c.Client
+	_ = kc.AppsV1().Deployments("kube-system").Delete(ctx, "coredns", metav1.DeleteOptions{})
+	zero := int64(0)
+	if pods, err := kc.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err == nil {
+		for _, p := range pods.Items {
+			_ = kc.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		}
+	}
+	if err := c.WaitNoPods(ctx, "", ""); err != nil {
+		t.Logf("pods left: %v", err)
+	}
+	for ctx.Err() == nil {
+		out, err := exec.CommandContext(ctx, "ctr", "-a", c.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q").Output()
+		if err == nil && strings.TrimSpace(string(out)) == "" {
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Logf("containers left on the node after the pods were deleted")
 }
 
 // startKubeProxy starts the peer: bridge + host-local + portmap, and
