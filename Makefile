@@ -95,7 +95,7 @@ e2e:
 	@if [ ! -f $(E2E_CACHE)/.done ]; then \
 	  echo "building the e2e suite, agnhost and ginkgo into $(E2E_CACHE)"; \
 	  tmp=$$(mktemp -d $(CACHE_ROOT)/.tmp.XXXXXX) && \
-	  ( cd hack/e2e && nice -n 5 $(GO) test -c -trimpath -ldflags='$(K8S_LDFLAGS)' -o $$tmp/e2e.test . && \
+	  ( cd hack/e2e && nice -n 5 $(GO) test -c -vet=off -trimpath -ldflags='$(K8S_LDFLAGS)' -o $$tmp/e2e.test . && \
 	    nice -n 5 $(GO) build -trimpath -ldflags='$(K8S_LDFLAGS)' -o $$tmp/ $$($(GO) list tool) ) || \
 	    { rm -rf $$tmp; exit 1; }; \
 	  touch $$tmp/.done && { mv -T $$tmp $(E2E_CACHE) 2>/dev/null || rm -rf $$tmp; }; \

@@ -54,7 +54,10 @@ root=$stage/agnhost
 mkdir -p "$root"
 for d in "$DEBS"/*.deb; do dpkg-deb -x "$d" "$root"; done
 rm -rf "$root/usr/share/doc" "$root/usr/share/man" "$root/usr/share/info" "$root/usr/share/locale"
+# What the packages' maintainer scripts would have linked (alternatives).
 ln -sf dash "$root/bin/sh"
+ln -sf nc.openbsd "$root/bin/nc"
+ln -sf mawk "$root/usr/bin/awk"
 mkdir -p "$root/etc" "$root/tmp" "$root/results"
 chmod 1777 "$root/tmp"
 src=$(cd hack/e2e && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/porter
