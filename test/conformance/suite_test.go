@@ -138,6 +138,15 @@ func removePods(t *testing.T, c *kubecluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	kc := c.Client
+	// Owners first, so that nothing recreates the pods: the specs'
+	// namespaces (a run cut short leaves them), then CoreDNS.
+	if nss, err := kc.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, n := range nss.Items {
+			if n.Name != "default" && !strings.HasPrefix(n.Name, "kube-") {
+				_ = kc.CoreV1().Namespaces().Delete(ctx, n.Name, metav1.DeleteOptions{})
+			}
+		}
+	}
 	_ = kc.AppsV1().Deployments("kube-system").Delete(ctx, "coredns", metav1.DeleteOptions{})
 	zero := int64(0)
 	if pods, err := kc.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err == nil {
