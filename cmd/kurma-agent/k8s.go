@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,12 +14,14 @@ import (
 
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/kube/cnid"
+	"kurma.dev/kurma/internal/kube/cniwire"
 )
 
 type k8sOpts struct {
 	node, kubeconfig, socket, hostID, stateDir string
 	timeout                                    time.Duration
 	binDir, confDir                            string
+	portmap                                    bool
 	metrics                                    prometheus.Registerer
 }
 
@@ -33,7 +34,7 @@ func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) 
 		}
 	}
 	if o.confDir != "" {
-		if err := installConf(o.confDir, o.socket); err != nil {
+		if err := installConf(o.confDir, o.socket, o.portmap); err != nil {
 			return nil, err
 		}
 	}
@@ -70,18 +71,10 @@ func installShim(dir string) error {
 	return writeAtomic(filepath.Join(dir, "kurma-k8s"), b, 0o755)
 }
 
-// installConf writes the conflist that makes kurma-k8s the node's CNI.
-// Its version is 1.0.0: containerd 1.6 (Debian 12's) rejects 1.1.0
-// results; the driver answers in the config's version.
-func installConf(dir, socket string) error {
-	b, err := json.MarshalIndent(map[string]any{
-		"cniVersion": "1.0.0", "name": "kurma",
-		"plugins": []any{map[string]any{"type": "kurma-k8s", "socket": socket}},
-	}, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeAtomic(filepath.Join(dir, "10-kurma.conflist"), append(b, '\n'), 0o644)
+// installConf writes the conflist that makes kurma-k8s the node's CNI
+// (with portmap chained for hostPort when asked).
+func installConf(dir, socket string, portmap bool) error {
+	return writeAtomic(filepath.Join(dir, "10-kurma.conflist"), cniwire.ConfList(socket, portmap), 0o644)
 }
 
 func writeAtomic(path string, b []byte, mode os.FileMode) error {

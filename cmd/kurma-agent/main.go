@@ -79,6 +79,7 @@ func run() error {
 		k8sTimeout    = flag.Duration("k8s-annotation-timeout", 10*time.Second, "Kubernetes mode: how long an ADD waits for the pod's annotation")
 		k8sBinDir     = flag.String("k8s-install-cni-bin-dir", "", "Kubernetes mode: install the kurma-k8s shim (found next to this binary) into this directory")
 		k8sConfDir    = flag.String("k8s-install-cni-conf-dir", "", "Kubernetes mode: write the kurma conflist into this directory")
+		k8sPortmap    = flag.Bool("k8s-cni-portmap", false, "Kubernetes mode: chain the upstream portmap plugin (nftables backend, installed by the operator next to kurma-k8s) after kurma-k8s in the installed conflist, for hostPort")
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
 	niceness := flag.Int("nice", 0, "CPU priority of the agent (nice value, -20 to 19; 0: as started). A negative value keeps "+
@@ -205,7 +206,7 @@ func run() error {
 		return err
 	}
 	d, err := newCNID(k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
-		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, metrics: reg}, a, log)
+		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, portmap: *k8sPortmap, metrics: reg}, a, log)
 	if err != nil {
 		return err
 	}

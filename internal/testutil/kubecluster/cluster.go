@@ -66,6 +66,30 @@ type Options struct {
 	KubeletArgs []string
 	// APIServerArgs are extra kube-apiserver flags.
 	APIServerArgs []string
+
+	// What the upstream e2e suite assumes of a cluster (test/conformance):
+
+	// PublicAPIServer serves the API on every address of the namespace and
+	// advertises NodeIP, with the lease endpoint reconciler: the
+	// `kubernetes` Service gets NodeIP:6443 as its endpoint, reached by
+	// pods through the Service proxy. The API server reaches kubelets at
+	// their InternalIP (their names do not resolve), and pods get service
+	// account tokens (ServiceAccount admission; the controller manager,
+	// when run, publishes the API server's CA as kube-root-ca.crt).
+	PublicAPIServer bool
+	// KubeletAPI makes the kubelet listen on NodeIP and serve the API
+	// server (exec, logs, port-forward) with anonymous authentication.
+	KubeletAPI bool
+	// ClusterDNS is the kubelet's clusterDNS (pods' nameserver, e.g.
+	// ClusterDNSIP); ClusterDomain its clusterDomain (default
+	// "cluster.local" when ClusterDNS is set).
+	ClusterDNS, ClusterDomain string
+	// Images are more image tarballs (docker-save) to import into the
+	// node's containerd, under the names they carry.
+	Images []string
+	// ChainPortmap appends the upstream portmap plugin (nftables backend)
+	// to CNIConfList, for hostPort.
+	ChainPortmap bool
 }
 
 // Cluster is a running cluster. Its API server listens on 127.0.0.1 inside

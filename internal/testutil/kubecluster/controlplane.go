@@ -90,13 +90,18 @@ current-context: kurma-test
 		"--service-account-key-file=" + saKey,
 		"--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--allow-privileged=true",
+		"--profiling=false",
+	}
+	if opts.PublicAPIServer {
+		args[1], args[2] = "--bind-address=0.0.0.0", "--advertise-address="+NodeIP
+		args = append(args, "--endpoint-reconciler-type=lease",
+			"--kubelet-preferred-address-types=InternalIP,Hostname")
+	} else {
 		// No endpoint reconciler and no ServiceAccount admission: there
 		// is no real master address to publish, and pods need no
 		// token controller.
-		"--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount",
-		"--allow-privileged=true",
-		"--profiling=false",
+		args = append(args, "--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount")
 	}
 	apiserver, err := c.StartProcess("kube-apiserver", exec.Command(bin("k8s/kube-apiserver"), append(args, opts.APIServerArgs...)...))
 	if err != nil {
@@ -112,6 +117,7 @@ current-context: kurma-test
 			"--bind-address=127.0.0.1", "--secure-port=10257",
 			"--cert-dir="+filepath.Join(c.Dir, "kcm-certs"),
 			"--service-account-private-key-file="+saKey, "--use-service-account-credentials=false",
+			"--root-ca-file="+filepath.Join(c.Dir, "apiserver-certs", "apiserver.crt"),
 			"--service-cluster-ip-range="+ServiceCIDR, "--allocate-node-cidrs=false",
 			"--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
 			"--kube-api-qps=200", "--kube-api-burst=400")); err != nil {

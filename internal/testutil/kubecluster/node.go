@@ -38,15 +38,22 @@ func (c *Cluster) startNode(ctx context.Context, opts Options) error {
 		return err
 	}
 	if opts.CNIConfList != nil {
-		if err := os.WriteFile(filepath.Join(c.CNIConfDir, "10-test.conflist"), opts.CNIConfList, 0o644); err != nil {
+		conf := opts.CNIConfList
+		if opts.ChainPortmap {
+			if conf, err = ChainPortmap(conf); err != nil {
+				return err
+			}
+		}
+		if err := os.WriteFile(filepath.Join(c.CNIConfDir, "10-test.conflist"), conf, 0o644); err != nil {
 			return err
 		}
 	}
 	if err := c.startContainerd(ctx); err != nil {
 		return err
 	}
-	for _, img := range []string{"k8s-pause.tar", "k8s-echo.tar"} {
-		if err := c.importImage(ctx, filepath.Join(opts.BinDir, "images", img)); err != nil {
+	imgs := []string{filepath.Join(opts.BinDir, "images", "k8s-pause.tar"), filepath.Join(opts.BinDir, "images", "k8s-echo.tar")}
+	for _, img := range append(imgs, opts.Images...) {
+		if err := c.importImage(ctx, img); err != nil {
 			return err
 		}
 	}
@@ -161,17 +168,29 @@ func (c *Cluster) startKubelet(ctx context.Context, opts Options) error {
 	if err := os.MkdirAll(filepath.Join(d, "pod-logs"), 0o755); err != nil {
 		return err
 	}
+	addr, anon := "127.0.0.1", "false"
+	if opts.KubeletAPI {
+		addr, anon = NodeIP, "true"
+	}
+	dns := ""
+	if opts.ClusterDNS != "" {
+		dom := opts.ClusterDomain
+		if dom == "" {
+			dom = "cluster.local"
+		}
+		dns = fmt.Sprintf("clusterDNS: [%s]\nclusterDomain: %s\n", opts.ClusterDNS, dom)
+	}
 	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupRoot: %s
 containerRuntimeEndpoint: unix://%s
-address: 127.0.0.1
+address: %s
 healthzBindAddress: 127.0.0.1
 readOnlyPort: 0
 authentication:
-  anonymous: {enabled: false}
+  anonymous: {enabled: %s}
   webhook: {enabled: false}
 authorization:
   mode: AlwaysAllow
@@ -190,7 +209,7 @@ serializeImagePulls: false
 makeIPTablesUtilChains: false
 kubeAPIQPS: 100
 kubeAPIBurst: 200
-`, c.CgroupRoot, c.ContainerdSocket, filepath.Join(d, "pod-logs"))
+%s`, c.CgroupRoot, c.ContainerdSocket, addr, anon, filepath.Join(d, "pod-logs"), dns)
 	cfg := filepath.Join(d, "config.yaml")
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		return err
