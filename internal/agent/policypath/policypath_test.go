@@ -206,38 +206,16 @@ func TestEstablishedSurvives(t *testing.T) {
 	}
 }
 
-// kernelElems reads the policy sets back.
 func kernelElems(t *testing.T, p *Path) []string {
 	t.Helper()
-	var out []string
-	for i, s := range p.sets {
-		els, err := p.conn.GetSetElements(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, el := range els {
-			out = append(out, fmt.Sprintf("%d:%x:%x", i, el.Key, el.KeyEnd))
-		}
+	got, err := p.Kernel()
+	if err != nil {
+		t.Fatal(err)
 	}
-	slices.Sort(out)
-	return out
+	return got
 }
 
-func wantElems(all map[string]*Pod) []string {
-	var out []string
-	for _, pod := range all {
-		for _, e := range elementsOf(pod) {
-			d := setDefs[e.set]
-			k, end := e.key, ""
-			if d.interval {
-				k, end = e.key[:d.keyLen], e.key[d.keyLen:]
-			}
-			out = append(out, fmt.Sprintf("%d:%x:%x", e.set, k, end))
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
+func wantElems(all map[string]*Pod) []string { return Want(all) }
 
 // TestSyncAfterRestart: a new Path (the agent after kill -9) given a
 // different wanted state makes the kernel equal to it exactly, removing
