@@ -54,7 +54,7 @@ func ask(netnsPath, network, addr string) (string, error) {
 // probe is one expected reachability: from a pod's namespace to addr.
 type probe struct {
 	from, network, addr, name string // name: the server's hostname
-	ok                            bool
+	ok                        bool
 }
 
 func (p probe) String() string {
