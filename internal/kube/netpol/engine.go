@@ -24,6 +24,9 @@ type Engine struct {
 	polLocal map[string]map[string]bool
 	rules    map[string]*Rules // last computed, by local pod key
 	dirty    map[string]bool
+	// memo holds, during one Compute, the pods each peer selector matched
+	// (policies often share selectors).
+	memo map[string][]*Pod
 }
 
 // NewEngine returns an empty engine for node.
@@ -234,6 +237,8 @@ func (e *Engine) All() map[string]*Rules { return maps.Clone(e.rules) }
 // address.
 func (e *Engine) Compute() map[string]*Rules {
 	out := map[string]*Rules{}
+	e.memo = map[string][]*Pod{}
+	defer func() { e.memo = nil }()
 	for k := range e.dirty {
 		p := e.pods[k]
 		var r *Rules
@@ -379,6 +384,15 @@ func (e *Engine) addRule(set map[Allow]bool, polNS string, ru rule, l *Pod, egre
 }
 
 func (e *Engine) appendPeers(out []*Pod, polNS string, pe peer) []*Pod {
+	var key string
+	if e.memo != nil {
+		key = polNS + "\x00" + selString(pe.pods) + "\x00" + selString(pe.nsSel)
+		if m, ok := e.memo[key]; ok {
+			return append(out, m...)
+		}
+		start := len(out)
+		defer func() { e.memo[key] = out[start:len(out):len(out)] }()
+	}
 	scan := func(ns string) {
 		for _, p := range e.byNS[ns] {
 			if p.active() && (pe.pods == nil || pe.pods.Matches(labels.Set(p.Labels))) {
@@ -405,4 +419,11 @@ func inRanges(rs [][2]netip.Addr, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+func selString(s labels.Selector) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return s.String()
 }
