@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -116,6 +117,9 @@ func TestNetworkPolicy(t *testing.T) {
 	kc := e.C.Client
 	node := e.C.NodeName
 	e.StartWatcher("--resync", "10s", "--service-cidr", kubecluster.ServiceCIDR)
+	// The agent's underlay (and node) address must exist in the node's
+	// namespace: the service range's route uses it as source.
+	testutil.Run(t, "ip", "-n", filepath.Base(e.C.NetNS), "addr", "add", "10.254.9.1/32", "dev", "lo")
 	a := e.StartAgentAt(node, "10.254.9.1", sock, "--service-cidr", kubecluster.ServiceCIDR)
 	nsA, nsB := "npa", "npb"
 	t.Cleanup(func() {

@@ -188,12 +188,7 @@ func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 }
 
 func (p *Path) setOwner(k string, pod *Pod) {
-	for _, e := range p.owned[k] {
-		if p.refs[e]--; p.refs[e] <= 0 {
-			delete(p.refs, e)
-		}
-		p.pending[e] = true
-	}
+	old := p.owned[k]
 	els := elementsOf(pod)
 	if pod == nil {
 		delete(p.owned, k)
@@ -202,7 +197,23 @@ func (p *Path) setOwner(k string, pod *Pod) {
 		p.owned[k] = els
 		p.pods[k] = *pod
 	}
+	// Only the difference touches the mirror: a pod's change usually
+	// keeps most of its elements.
+	keep := make(map[elem]bool, len(els))
 	for _, e := range els {
+		keep[e] = true
+	}
+	for _, e := range old {
+		if keep[e] {
+			delete(keep, e) // in both: unchanged
+			continue
+		}
+		if p.refs[e]--; p.refs[e] <= 0 {
+			delete(p.refs, e)
+		}
+		p.pending[e] = true
+	}
+	for e := range keep {
 		p.refs[e]++
 		p.pending[e] = true
 	}
