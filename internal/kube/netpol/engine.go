@@ -22,6 +22,10 @@ type Engine struct {
 	// polLocal: policy key -> the local pods it selected at their last
 	// computation; a change of a peer or namespace dirties them.
 	polLocal map[string]map[string]bool
+	podPols  map[string][]string // local pod -> the policies whose polLocal holds it
+	// polBySel groups each namespace's policies by podSelector, so that a
+	// pod is matched once per distinct selector.
+	polBySel map[string]map[string]*selGroup
 	rules    map[string]*Rules // last computed, by local pod key
 	dirty    map[string]bool
 	// memo holds, during one Compute, the pods each peer selector matched
@@ -33,7 +37,7 @@ type Engine struct {
 func NewEngine(node string) *Engine {
 	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{},
 		nsLabels: map[string]labels.Set{}, policies: map[string]*policy{}, polByNS: map[string]map[string]*policy{},
-		polLocal: map[string]map[string]bool{}, rules: map[string]*Rules{}, dirty: map[string]bool{}}
+		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, rules: map[string]*Rules{}, dirty: map[string]bool{}}
 }
 
 func (e *Engine) local(p *Pod) bool { return p != nil && p.Node == e.node }
@@ -189,7 +193,11 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 	}
 	k := np.Namespace + "/" + np.Name
 	e.dirtyPolicy(k)
+	if old := e.policies[k]; old != nil {
+		e.ungroup(old)
+	}
 	e.policies[k] = pol
+	e.group(pol)
 	if e.polByNS[pol.namespace] == nil {
 		e.polByNS[pol.namespace] = map[string]*policy{}
 	}
@@ -209,6 +217,7 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 		return
 	}
 	e.dirtyPolicy(k)
+	e.ungroup(e.policies[k])
 	delete(e.policies, k)
 	delete(e.polByNS[namespace], name)
 	if len(e.polByNS[namespace]) == 0 {
@@ -242,14 +251,15 @@ func (e *Engine) Compute() map[string]*Rules {
 	for k := range e.dirty {
 		p := e.pods[k]
 		var r *Rules
-		for pk, locals := range e.polLocal {
-			if locals[k] {
+		for _, pk := range e.podPols[k] {
+			if locals := e.polLocal[pk]; locals != nil {
 				delete(locals, k)
 				if len(locals) == 0 {
 					delete(e.polLocal, pk)
 				}
 			}
 		}
+		delete(e.podPols, k)
 		if e.local(p) && p.active() {
 			r = e.compute(p)
 		}
@@ -269,15 +279,29 @@ func (e *Engine) Compute() map[string]*Rules {
 func (e *Engine) compute(l *Pod) *Rules {
 	r := &Rules{IP: l.IP}
 	in, eg := map[Allow]bool{}, map[Allow]bool{}
-	for name, pol := range e.polByNS[l.Namespace] {
-		if !pol.selector.Matches(labels.Set(l.Labels)) {
+	lk := l.Key()
+	for _, g := range e.polBySel[l.Namespace] {
+		if !g.sel.Matches(labels.Set(l.Labels)) {
 			continue
 		}
+		for name, pol := range g.pols {
+			e.addPolicyTo(l, lk, name, pol, r, in, eg)
+		}
+	}
+	r.Ingress.Allow = finish(&r.Ingress, in)
+	r.Egress.Allow = finish(&r.Egress, eg)
+	return r
+}
+
+// addPolicyTo adds what policy pol allows to local pod l's rules.
+func (e *Engine) addPolicyTo(l *Pod, lk, name string, pol *policy, r *Rules, in, eg map[Allow]bool) {
+	{
 		pk := l.Namespace + "/" + name
 		if e.polLocal[pk] == nil {
 			e.polLocal[pk] = map[string]bool{}
 		}
-		e.polLocal[pk][l.Key()] = true
+		e.polLocal[pk][lk] = true
+		e.podPols[lk] = append(e.podPols[lk], pk)
 		if pol.ingress {
 			r.Ingress.Isolated = true
 			for _, ru := range pol.inRules {
@@ -291,9 +315,44 @@ func (e *Engine) compute(l *Pod) *Rules {
 			}
 		}
 	}
-	r.Ingress.Allow = finish(&r.Ingress, in)
-	r.Egress.Allow = finish(&r.Egress, eg)
-	return r
+}
+
+// selGroup is the policies of one namespace that share a podSelector.
+type selGroup struct {
+	sel  labels.Selector
+	pols map[string]*policy // by name
+}
+
+func (e *Engine) group(pol *policy) {
+	gs := e.polBySel[pol.namespace]
+	if gs == nil {
+		gs = map[string]*selGroup{}
+		e.polBySel[pol.namespace] = gs
+	}
+	key := pol.selector.String()
+	g := gs[key]
+	if g == nil {
+		g = &selGroup{sel: pol.selector, pols: map[string]*policy{}}
+		gs[key] = g
+	}
+	g.pols[pol.name] = pol
+}
+
+func (e *Engine) ungroup(pol *policy) {
+	if pol == nil {
+		return
+	}
+	gs := e.polBySel[pol.namespace]
+	key := pol.selector.String()
+	if g := gs[key]; g != nil {
+		delete(g.pols, pol.name)
+		if len(g.pols) == 0 {
+			delete(gs, key)
+		}
+	}
+	if len(gs) == 0 {
+		delete(e.polBySel, pol.namespace)
+	}
 }
 
 // allowAll is the Allow of a rule without peers and ports.
