@@ -278,7 +278,11 @@ func (e *Engine) Compute() map[string]*Rules {
 
 func (e *Engine) compute(l *Pod) *Rules {
 	r := &Rules{IP: l.IP}
-	in, eg := map[Allow]bool{}, map[Allow]bool{}
+	var hin, heg int // size hints: the last rules' lengths
+	if old := e.rules[l.Key()]; old != nil {
+		hin, heg = len(old.Ingress.Allow), len(old.Egress.Allow)
+	}
+	in, eg := make(map[Allow]bool, hin), make(map[Allow]bool, heg)
 	lk := l.Key()
 	for _, g := range e.polBySel[l.Namespace] {
 		if !g.sel.Matches(labels.Set(l.Labels)) {
