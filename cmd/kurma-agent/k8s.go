@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,8 +14,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"kurma.dev/kurma/internal/agent"
+	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/kube/cnid"
 	"kurma.dev/kurma/internal/kube/cniwire"
+	"kurma.dev/kurma/internal/kube/netpol"
 )
 
 type k8sOpts struct {
@@ -23,11 +26,12 @@ type k8sOpts struct {
 	binDir, confDir                            string
 	portmap                                    bool
 	metrics                                    prometheus.Registerer
+	policy                                     cnid.PolicyGate // nil: no NetworkPolicy
 }
 
 // newCNID builds the CNI daemon of Kubernetes mode, installing the shim
 // and its conflist first when asked (as a DaemonSet does on each node).
-func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) {
+func newCNID(o k8sOpts, kc kubernetes.Interface, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) {
 	if o.binDir != "" {
 		if err := installShim(o.binDir); err != nil {
 			return nil, err
@@ -38,10 +42,17 @@ func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) 
 			return nil, err
 		}
 	}
+	return cnid.New(cnid.Config{Kube: kc, NodeName: o.node, HostID: o.hostID, Agent: a, Socket: o.socket,
+		StateDir: o.stateDir, AnnotationTimeout: o.timeout, Logger: log, Metrics: o.metrics, Policy: o.policy})
+}
+
+// kubeClient is the client of Kubernetes mode: from kubeconfig, else the
+// in-cluster config.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	} else {
 		rc, err = rest.InClusterConfig()
 	}
@@ -49,12 +60,37 @@ func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) 
 		return nil, fmt.Errorf("kubernetes config: %w", err)
 	}
 	rc.QPS, rc.Burst = 50, 100
-	kc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
+	return kubernetes.NewForConfig(rc)
+}
+
+// policyPath adapts the agent's policypath to the netpol engine's rules.
+type policyPath struct{ p *policypath.Path }
+
+func (pp policyPath) Apply(ctx context.Context, ch map[string]*netpol.Rules) error {
+	return pp.p.Apply(ctx, convertRules(ch))
+}
+
+func (pp policyPath) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
+	return pp.p.Sync(ctx, convertRules(all))
+}
+
+func convertRules(in map[string]*netpol.Rules) map[string]*policypath.Pod {
+	out := make(map[string]*policypath.Pod, len(in))
+	dir := func(d netpol.Dir) policypath.Dir {
+		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, len(d.Allow))}
+		for i, a := range d.Allow {
+			o.Allow[i] = policypath.Allow{PeerLo: a.PeerLo, PeerHi: a.PeerHi, Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi}
+		}
+		return o
 	}
-	return cnid.New(cnid.Config{Kube: kc, NodeName: o.node, HostID: o.hostID, Agent: a, Socket: o.socket,
-		StateDir: o.stateDir, AnnotationTimeout: o.timeout, Logger: log, Metrics: o.metrics})
+	for k, r := range in {
+		if r == nil {
+			out[k] = nil
+			continue
+		}
+		out[k] = &policypath.Pod{IP: r.IP, Ingress: dir(r.Ingress), Egress: dir(r.Egress)}
+	}
+	return out
 }
 
 // installShim copies the kurma-k8s binary that sits next to this one into

@@ -28,9 +28,11 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/cniwire"
+	"kurma.dev/kurma/internal/kube/netpol"
 	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -80,6 +82,7 @@ func run() error {
 		k8sBinDir     = flag.String("k8s-install-cni-bin-dir", "", "Kubernetes mode: install the kurma-k8s shim (found next to this binary) into this directory")
 		k8sConfDir    = flag.String("k8s-install-cni-conf-dir", "", "Kubernetes mode: write the kurma conflist into this directory")
 		k8sPortmap    = flag.Bool("k8s-cni-portmap", false, "Kubernetes mode: chain the upstream portmap plugin (nftables backend, installed by the operator next to kurma-k8s) after kurma-k8s in the installed conflist, for hostPort")
+		netPolicy     = flag.Bool("network-policy", true, "Kubernetes mode: enforce NetworkPolicy for this node's pods (a pod is plugged only once its rules are in place)")
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
 	niceness := flag.Int("nice", 0, "CPU priority of the agent (nice value, -20 to 19; 0: as started). A negative value keeps "+
@@ -205,21 +208,44 @@ func run() error {
 		log.Info("kurma-agent stopped", "err", err)
 		return err
 	}
-	d, err := newCNID(k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
-		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, portmap: *k8sPortmap, metrics: reg}, a, log)
+	kc, err := kubeClient(*k8sKubeconfig)
+	if err != nil {
+		return err
+	}
+	o := k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
+		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, portmap: *k8sPortmap, metrics: reg}
+	runs := []func(context.Context) error{a.Run}
+	if *netPolicy {
+		pp, err := policypath.New(ctx, policypath.Config{Table: *nftTable, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer pp.Close()
+		npc, err := netpol.New(netpol.Config{Kube: kc, NodeName: *k8sNode, Datapath: policyPath{pp}, Logger: log, Metrics: reg})
+		if err != nil {
+			return err
+		}
+		o.policy = npc
+		runs = append(runs, npc.Run)
+	}
+	d, err := newCNID(o, kc, a, log)
 	if err != nil {
 		return err
 	}
 	d.Restore() // before the agent's first sync, so that attached pods stay plugged
+	runs = append(runs, d.Run)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 2)
-	go func() { errc <- a.Run(ctx) }()
-	go func() { errc <- d.Run(ctx) }()
+	errc := make(chan error, len(runs))
+	for _, r := range runs {
+		go func() { errc <- r(ctx) }()
+	}
 	err = <-errc
 	cancel()
-	if err2 := <-errc; err == nil {
-		err = err2
+	for range len(runs) - 1 {
+		if err2 := <-errc; err == nil {
+			err = err2
+		}
 	}
 	log.Info("kurma-agent stopped", "err", err)
 	return err

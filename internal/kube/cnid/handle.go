@@ -216,6 +216,20 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	}()
 	actx, cancel := context.WithTimeout(ctx, d.cfg.AttachTimeout)
 	defer cancel()
+	if d.cfg.Policy != nil {
+		start = time.Now()
+		var ip netip.Addr
+		for _, p := range n.Prefixes() {
+			if p.Addr().Is4() {
+				ip = p.Addr()
+				break
+			}
+		}
+		if err := d.cfg.Policy.WaitPod(actx, pod.Namespace, pod.Name, ip); err != nil {
+			return nil, cniError(cniwire.ErrPolicyNotReady, "network policy not programmed", err.Error())
+		}
+		d.m.observePhase("policy", time.Since(start))
+	}
 	start = time.Now()
 	if _, err := d.cfg.Agent.Attach(actx, n.PortID, agent.Attachment{NetNS: netnsPath, IfName: ifname}); err != nil {
 		return nil, d.agentError("plug port "+n.PortID, err)

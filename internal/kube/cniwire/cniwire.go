@@ -55,6 +55,10 @@ const (
 	// ErrPlugFailed: the agent could not plug the port into the pod's
 	// network namespace.
 	ErrPlugFailed = 104
+	// ErrPolicyNotReady: the pod's NetworkPolicy rules were not in the
+	// kernel in time (the agent's policy watch is behind or failing); the
+	// pod is not plugged, so it never runs unprotected.
+	ErrPolicyNotReady = 105
 )
 
 // DelQueue is the folder, beside the agent's socket, where the shim leaves
