@@ -66,6 +66,13 @@ type Options struct {
 	KubeletArgs []string
 	// APIServerArgs are extra kube-apiserver flags.
 	APIServerArgs []string
+	// ServiceAccounts gives pods service account tokens, as a real
+	// cluster does (for workloads that use the in-cluster config, such as
+	// deploy/kubernetes): the ServiceAccount admission plugin is on, and
+	// the controller manager (which it needs: ControllerManager is
+	// implied) makes the default accounts and publishes the API server's
+	// certificate as the kube-root-ca.crt ConfigMap.
+	ServiceAccounts bool
 }
 
 // Cluster is a running cluster. Its API server listens on 127.0.0.1 inside
@@ -163,6 +170,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 	}
 	if opts.CNIBinDir == "" {
 		opts.CNIBinDir = filepath.Join(opts.BinDir, "cni")
+	}
+	if opts.ServiceAccounts {
+		opts.ControllerManager = true
 	}
 	if m := Binaries(opts.BinDir, opts); len(m) > 0 {
 		return nil, fmt.Errorf("kubecluster: missing %v in %s (make build)", m, opts.BinDir)

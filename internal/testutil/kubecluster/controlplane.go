@@ -90,13 +90,15 @@ current-context: kurma-test
 		"--service-account-key-file=" + saKey,
 		"--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=" + ServiceCIDR,
-		// No endpoint reconciler and no ServiceAccount admission: there
-		// is no real master address to publish, and pods need no
-		// token controller.
+		// No endpoint reconciler: there is no real master address to
+		// publish.
 		"--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		"--profiling=false",
+	}
+	if !opts.ServiceAccounts {
+		// Pods get no token: no controller needs to make accounts.
+		args = append(args, "--disable-admission-plugins=ServiceAccount")
 	}
 	apiserver, err := c.StartProcess("kube-apiserver", exec.Command(bin("k8s/kube-apiserver"), append(args, opts.APIServerArgs...)...))
 	if err != nil {
@@ -106,7 +108,13 @@ current-context: kurma-test
 		return err
 	}
 	if opts.ControllerManager {
-		if _, err := c.StartProcess("kube-controller-manager", exec.Command(bin("k8s/kube-controller-manager"),
+		kcm := []string{}
+		if opts.ServiceAccounts {
+			// The API server's self-signed certificate (for 127.0.0.1,
+			// NodeIP is not in it), published as kube-root-ca.crt.
+			kcm = append(kcm, "--root-ca-file="+filepath.Join(c.Dir, "apiserver-certs", "apiserver.crt"))
+		}
+		if _, err := c.StartProcess("kube-controller-manager", exec.Command(bin("k8s/kube-controller-manager"), append(kcm,
 			"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig,
 			"--authorization-kubeconfig="+c.Kubeconfig, "--leader-elect=false",
 			"--bind-address=127.0.0.1", "--secure-port=10257",
@@ -114,7 +122,7 @@ current-context: kurma-test
 			"--service-account-private-key-file="+saKey, "--use-service-account-credentials=false",
 			"--service-cluster-ip-range="+ServiceCIDR, "--allocate-node-cidrs=false",
 			"--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
-			"--kube-api-qps=200", "--kube-api-burst=400")); err != nil {
+			"--kube-api-qps=200", "--kube-api-burst=400")...)); err != nil {
 			return err
 		}
 	}

@@ -150,6 +150,13 @@ func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
+// ImportImage imports an image tarball (docker-save or OCI archive) into
+// the node's containerd, in the CRI's namespace k8s.io, as
+// `ctr -n k8s.io images import` does.
+func (c *Cluster) ImportImage(ctx context.Context, path string) error {
+	return c.importImage(ctx, path)
+}
+
 // importImage imports an image tarball into the CRI's namespace.
 func (c *Cluster) importImage(ctx context.Context, path string) error {
 	_, err := c.ctr(ctx, "images", "import", "--no-unpack=false", path)
