@@ -100,7 +100,7 @@ image:
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags='-s -w' -o $(BIN)/image-bin/ \
 	  ./cmd/kurma-agent ./cmd/kurma-k8s-watcher ./cmd/kurma-controller ./plugins/kurma-k8s
 	$(GO) run ./hack/kurma-image --bin $(BIN)/image-bin --tag kurma.dev/kurma:$(IMAGE_TAG) \
-	  --layout $(BIN)/images/kurma-oci --tarball $(BIN)/images/kurma.tar
+	  --nft "$$(command -v nft || echo nft-not-installed)" --layout $(BIN)/images/kurma-oci --tarball $(BIN)/images/kurma.tar
 
 # Test binaries are compiled in parallel first. Then every package that
 # uses host-wide resources runs one at a time (HOST_PKGS: the default bridge

@@ -28,16 +28,24 @@ func run() error {
 	layoutDir := flag.String("layout", "", "write an OCI image layout into this folder (replaced)")
 	tarFile := flag.String("tarball", "", "write a docker-save tarball to this file")
 	arch := flag.String("arch", runtime.GOARCH, "GOARCH the binaries were built for")
+	nft := flag.String("nft", "", "the host's nft program, added at /usr/sbin/nft with the shared libraries ldd lists (the agent's nftables library runs it)")
 	flag.Parse()
 	if *bins == "" || (*layoutDir == "" && *tarFile == "") {
 		return errors.New("want --bin and at least one of --layout, --tarball")
 	}
-	spec := ocibuild.Spec{Arch: *arch, Labels: map[string]string{
+	spec := ocibuild.Spec{Arch: *arch, Env: []string{"PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Labels: map[string]string{
 		"org.opencontainers.image.title":  "kurma",
 		"org.opencontainers.image.source": "https://kurma.dev",
 	}}
 	for _, p := range Programs {
 		spec.Files = append(spec.Files, ocibuild.File{Path: "/usr/local/bin/" + p, Mode: 0o755, Source: filepath.Join(*bins, p)})
+	}
+	if *nft != "" {
+		files, err := withLibraries(*nft, "/usr/sbin/nft")
+		if err != nil {
+			return err
+		}
+		spec.Files = append(spec.Files, files...)
 	}
 	img, err := ocibuild.Build(spec)
 	if err != nil {
