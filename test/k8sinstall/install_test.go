@@ -29,11 +29,12 @@ import (
 // and the host folders (the harness's node keeps its CNI folders, and
 // this test its state folders, under folders of their own).
 type settings struct {
-	apiHost, apiPort, controllerURL string
-	hostPaths                       map[string]string // manifest hostPath → this node's
+	apiHost, apiPort, controllerURL, serviceCIDR string
+	netnsDir                                     string            // where the runtime mounts pod namespaces
+	hostPaths                                    map[string]string // manifest hostPath → this node's
 }
 
-var hostPathLine = regexp.MustCompile(`(?m)^(\s+path: )(/\S*)$`)
+var hostPathLine = regexp.MustCompile(`(?m)^(\s+hostPath:\n\s+path: )(/\S*)$`)
 
 // edit applies s to one manifest's text, failing on a documented key that
 // is not found (the manifests changed: the document must too).
@@ -50,8 +51,11 @@ func (s settings) edit(t *testing.T, name, text string) string {
 		sub(`k8s-service-host: ""`, fmt.Sprintf("k8s-service-host: %q", s.apiHost))
 		sub(`k8s-service-port: "6443"`, fmt.Sprintf("k8s-service-port: %q", s.apiPort))
 		sub(`controller-url: ""`, fmt.Sprintf("controller-url: %q", s.controllerURL))
+		sub(`service-cidr: "10.96.0.0/12"`, fmt.Sprintf("service-cidr: %q", s.serviceCIDR))
 	case "20-watcher.yaml":
 		sub("replicas: 2", "replicas: 1")
+	case "30-agent.yaml":
+		sub("mountPath: /var/run/netns", "mountPath: "+s.netnsDir)
 	}
 	return hostPathLine.ReplaceAllStringFunc(text, func(line string) string {
 		m := hostPathLine.FindStringSubmatch(line)
@@ -145,7 +149,8 @@ func TestInstallAsDocumented(t *testing.T) {
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("%s not built (make image): %v", image, err)
 	}
-	c := kubecluster.StartT(t, kubecluster.Options{ServiceAccounts: true, ControllerManager: true, Scheduler: true})
+	c := kubecluster.StartT(t, kubecluster.Options{ServiceAccounts: true, ControllerManager: true, Scheduler: true,
+		SharedNetNS: true})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	kubectl := func(args ...string) string {
@@ -166,6 +171,7 @@ func TestInstallAsDocumented(t *testing.T) {
 	}
 	s := settings{
 		apiHost: "127.0.0.1", apiPort: "6443", controllerURL: "http://" + kubecluster.NodeIP + ":9696",
+		serviceCIDR: kubecluster.ServiceCIDR, netnsDir: c.NetNSDir,
 		hostPaths: map[string]string{
 			"/opt/cni/bin":              c.CNIBinDir,
 			"/etc/cni":                  filepath.Dir(c.CNIConfDir),
@@ -174,7 +180,7 @@ func TestInstallAsDocumented(t *testing.T) {
 			"/var/lib/kurma-agent":      filepath.Join(root, "var/lib/kurma-agent"),
 			"/var/lib/kurma-controller": filepath.Join(root, "var/lib/kurma-controller"),
 			"/var/lib":                  filepath.Join(root, "var/lib"),
-			"/var/run/netns":            "/var/run/netns",
+			"/var/run/netns":            c.NetNSDir,
 		},
 	}
 	if filepath.Base(c.CNIConfDir) != "net.d" {

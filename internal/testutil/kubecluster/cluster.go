@@ -73,6 +73,13 @@ type Options struct {
 	// implied) makes the default accounts and publishes the API server's
 	// certificate as the kube-root-ca.crt ConfigMap.
 	ServiceAccounts bool
+	// SharedNetNS makes containerd mount pod network namespaces in a
+	// folder of the cluster's own (NetNSDir) that is a shared mount point,
+	// as /var/run/netns is on a systemd host. A pod that mounts it with
+	// mountPropagation HostToContainer (a CNI agent's DaemonSet) then sees
+	// new namespaces; on a host whose / is private, /var/run/netns cannot
+	// be mounted so.
+	SharedNetNS bool
 }
 
 // Cluster is a running cluster. Its API server listens on 127.0.0.1 inside
@@ -97,6 +104,9 @@ type Cluster struct {
 	ContainerdSocket string
 	// CNIConfDir and CNIBinDir are the node's CNI folders.
 	CNIConfDir, CNIBinDir string
+	// NetNSDir is where containerd mounts pod network namespaces:
+	// /var/run/netns, or with Options.SharedNetNS a folder of the cluster.
+	NetNSDir string
 	// BinDir is the build output in use.
 	BinDir string
 
