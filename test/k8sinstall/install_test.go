@@ -164,7 +164,11 @@ func TestInstallAsDocumented(t *testing.T) {
 
 	// State folders of this node (the defaults are /var/lib/... and /run/kurma).
 	root := t.TempDir()
-	for _, d := range []string{"var/lib", "run"} {
+	if _, err := os.Stat("/run/kurma"); err == nil {
+		t.Skip("/run/kurma exists on this host: another Kurma install? (this test removes it)")
+	}
+	t.Cleanup(func() { _ = os.RemoveAll("/run/kurma") }) // when the test fails before the uninstall
+	for _, d := range []string{"var/lib"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -173,10 +177,12 @@ func TestInstallAsDocumented(t *testing.T) {
 		apiHost: "127.0.0.1", apiPort: "6443", controllerURL: "http://" + kubecluster.NodeIP + ":9696",
 		serviceCIDR: kubecluster.ServiceCIDR, netnsDir: c.NetNSDir,
 		hostPaths: map[string]string{
-			"/opt/cni/bin":              c.CNIBinDir,
-			"/etc/cni":                  filepath.Dir(c.CNIConfDir),
-			"/run/kurma":                filepath.Join(root, "run/kurma"),
-			"/run":                      filepath.Join(root, "run"),
+			"/opt/cni/bin": c.CNIBinDir,
+			"/etc/cni":     filepath.Dir(c.CNIConfDir),
+			// The shim, run by containerd on the host, dials the
+			// socket by its path in the conflist: the same on both sides.
+			"/run/kurma":                "/run/kurma",
+			"/run":                      "/run",
 			"/var/lib/kurma-agent":      filepath.Join(root, "var/lib/kurma-agent"),
 			"/var/lib/kurma-controller": filepath.Join(root, "var/lib/kurma-controller"),
 			"/var/lib":                  filepath.Join(root, "var/lib"),
@@ -189,7 +195,7 @@ func TestInstallAsDocumented(t *testing.T) {
 	manifests := filepath.Join(t.TempDir(), "kubernetes")
 	s.writeManifests(t, filepath.Join(testutil.RepoRoot(t), "deploy", "kubernetes"), manifests)
 
-	before := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root)
+	before := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma")
 
 	// The install, as docs/install-kubernetes.md lists it.
 	if err := c.ImportImage(ctx, image); err != nil {
@@ -287,7 +293,7 @@ func TestInstallAsDocumented(t *testing.T) {
 		return err == nil && len(pods.Items) == 0, fmt.Sprint(err)
 	}, c)
 
-	after := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root)
+	after := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma")
 	for _, d := range []struct {
 		what          string
 		before, after []string
