@@ -25,7 +25,7 @@ TOOLS_CACHE := $(CACHE_ROOT)/tools-$(TOOLS_KEY)
 UPSTREAM_CNI := bridge host-local loopback portmap ptp macvlan ipvlan static tuning bandwidth firewall
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 
-.PHONY: all build binaries tools k8s e2e coredns conformance-images conformance images deps test-deps test test-unit demo bench fuzz clean lint
+.PHONY: all build binaries tools k8s e2e coredns conformance-images conformance images image deps test-deps test test-unit demo bench fuzz clean lint
 
 all: build
 
@@ -37,7 +37,7 @@ deps:
 test-deps:
 	@hack/install-deps.sh test
 
-build: binaries tools k8s images
+build: binaries tools k8s images image
 
 binaries:
 	@mkdir -p $(BIN)
@@ -137,6 +137,20 @@ conformance: test-deps build conformance-images
 images: binaries tools
 	@hack/build-images.sh $(BIN)
 
+# The image of the Kubernetes install (deploy/kubernetes,
+# docs/install-kubernetes.md): kurma-agent, kurma-k8s-watcher,
+# kurma-controller and the kurma-k8s shim, static and stripped, as an OCI
+# layout (bin/images/kurma-oci) and a docker-save tarball
+# (bin/images/kurma.tar) named kurma.dev/kurma:$(IMAGE_TAG). No VCS stamp:
+# the same sources and Go give the same digest.
+IMAGE_TAG ?= latest
+image:
+	@mkdir -p $(BIN)/image-bin $(BIN)/images
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags='-s -w' -o $(BIN)/image-bin/ \
+	  ./cmd/kurma-agent ./cmd/kurma-k8s-watcher ./cmd/kurma-controller ./plugins/kurma-k8s
+	$(GO) run ./hack/kurma-image --bin $(BIN)/image-bin --tag kurma.dev/kurma:$(IMAGE_TAG) \
+	  --nft "$$(command -v nft || echo nft-not-installed)" --layout $(BIN)/images/kurma-oci --tarball $(BIN)/images/kurma.tar
+
 # Test binaries are compiled in parallel first. Then every package that
 # uses host-wide resources runs one at a time (HOST_PKGS: the default bridge
 # kurma0, /var/lib/kurma-network, /etc/cni and /opt/cni, podman and
@@ -150,7 +164,7 @@ HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manag
 	kurma.dev/kurma/internal/testutil/kubecluster kurma.dev/kurma/internal/kube/services \
 	kurma.dev/kurma/internal/kube/watcher kurma.dev/kurma/internal/kube/cnid \
 	kurma.dev/kurma/deploy/kubernetes kurma.dev/kurma/test/k8se2e kurma.dev/kurma/test/k8sservices \
-	kurma.dev/kurma/test/conformance
+	kurma.dev/kurma/test/k8sinstall kurma.dev/kurma/test/conformance
 # The host is snapshotted before the tests and compared after them
 # (test/hostsnap): a run that leaves a link, netns, nft table, mount,
 # cgroup, state entry or changed forwarding sysctl behind fails.

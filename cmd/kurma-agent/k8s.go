@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -100,29 +102,73 @@ func installShim(dir string) error {
 	if err != nil {
 		return fmt.Errorf("install shim: %w", err)
 	}
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(self), "kurma-k8s"))
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(self), shimName))
 	if err != nil {
 		return fmt.Errorf("install shim: %w", err)
 	}
-	return writeAtomic(filepath.Join(dir, "kurma-k8s"), b, 0o755)
+	return writeAtomic(filepath.Join(dir, shimName), b, 0o755, "")
 }
+
+// Names of what Kubernetes mode installs on the node.
+const (
+	shimName = "kurma-k8s"
+	confName = "10-kurma.conflist"
+)
 
 // installConf writes the conflist that makes kurma-k8s the node's CNI
-// (with portmap chained for hostPort when asked).
+// (with portmap chained for hostPort when asked), staged outside the
+// watched folder (see writeAtomic).
 func installConf(dir, socket string, portmap bool) error {
-	return writeAtomic(filepath.Join(dir, "10-kurma.conflist"), cniwire.ConfList(socket, portmap), 0o644)
+	return writeAtomic(filepath.Join(dir, confName), cniwire.ConfList(socket, portmap), 0o644, filepath.Dir(filepath.Clean(dir)))
 }
 
-func writeAtomic(path string, b []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// writeAtomic writes b to path through a temporary file renamed over it,
+// so that a reader sees the old file or the new one, never a part. The
+// temporary file lives in tmpDir ("": path's own folder). A CNI
+// configuration folder is watched by the runtime, which logs an error for
+// every file it cannot parse there: conflists are staged in its parent
+// folder (same mount, as the DaemonSet mounts /etc/cni), or, when that is
+// another file system, in a hidden subfolder.
+func writeAtomic(path string, b []byte, mode os.FileMode, tmpDir string) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("install %s: %w", path, err)
 	}
-	tmp := path + ".kurma-tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return fmt.Errorf("install %s: %w", path, err)
+	if tmpDir == "" {
+		tmpDir = dir
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	err := stageRename(path, b, mode, tmpDir)
+	if errors.Is(err, unix.EXDEV) || errors.Is(err, os.ErrPermission) {
+		hidden := filepath.Join(dir, ".kurma-staging")
+		if err = os.MkdirAll(hidden, 0o700); err == nil {
+			err = stageRename(path, b, mode, hidden)
+			_ = os.Remove(hidden)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("install %s: %w", path, err)
 	}
 	return nil
+}
+
+func stageRename(path string, b []byte, mode os.FileMode, tmpDir string) error {
+	f, err := os.CreateTemp(tmpDir, "."+filepath.Base(path)+".kurma-tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, mode)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }

@@ -331,3 +331,7 @@ func (d *Daemon) getPod(ctx context.Context, ns, name string, api bool) (*corev1
 	}
 	return p, true, nil
 }
+
+// Synced reports whether the pod watch has synced with the API server
+// (readiness).
+func (d *Daemon) Synced() bool { return d.inf.HasSynced() }

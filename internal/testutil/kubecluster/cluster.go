@@ -90,6 +90,20 @@ type Options struct {
 	// ChainPortmap appends the upstream portmap plugin (nftables backend)
 	// to CNIConfList, for hostPort.
 	ChainPortmap bool
+	// ServiceAccounts gives pods service account tokens, as a real
+	// cluster does (for workloads that use the in-cluster config, such as
+	// deploy/kubernetes): the ServiceAccount admission plugin is on, and
+	// the controller manager (which it needs: ControllerManager is
+	// implied) makes the default accounts and publishes the API server's
+	// certificate as the kube-root-ca.crt ConfigMap.
+	ServiceAccounts bool
+	// SharedNetNS makes containerd mount pod network namespaces in a
+	// folder of the cluster's own (NetNSDir) that is a shared mount point,
+	// as /var/run/netns is on a systemd host. A pod that mounts it with
+	// mountPropagation HostToContainer (a CNI agent's DaemonSet) then sees
+	// new namespaces; on a host whose / is private, /var/run/netns cannot
+	// be mounted so.
+	SharedNetNS bool
 }
 
 // Cluster is a running cluster. Its API server listens on 127.0.0.1 inside
@@ -114,6 +128,9 @@ type Cluster struct {
 	ContainerdSocket string
 	// CNIConfDir and CNIBinDir are the node's CNI folders.
 	CNIConfDir, CNIBinDir string
+	// NetNSDir is where containerd mounts pod network namespaces:
+	// /var/run/netns, or with Options.SharedNetNS a folder of the cluster.
+	NetNSDir string
 	// BinDir is the build output in use.
 	BinDir string
 
@@ -187,6 +204,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 	}
 	if opts.CNIBinDir == "" {
 		opts.CNIBinDir = filepath.Join(opts.BinDir, "cni")
+	}
+	if opts.ServiceAccounts {
+		opts.ControllerManager = true
 	}
 	if m := Binaries(opts.BinDir, opts); len(m) > 0 {
 		return nil, fmt.Errorf("kubecluster: missing %v in %s (make build)", m, opts.BinDir)

@@ -98,10 +98,13 @@ current-context: kurma-test
 		args = append(args, "--endpoint-reconciler-type=lease",
 			"--kubelet-preferred-address-types=InternalIP,Hostname")
 	} else {
-		// No endpoint reconciler and no ServiceAccount admission: there
-		// is no real master address to publish, and pods need no
-		// token controller.
-		args = append(args, "--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount")
+		// No endpoint reconciler: there is no real master address to
+		// publish.
+		args = append(args, "--endpoint-reconciler-type=none")
+	}
+	if !opts.ServiceAccounts && !opts.PublicAPIServer {
+		// Pods get no token: no controller needs to make accounts.
+		args = append(args, "--disable-admission-plugins=ServiceAccount")
 	}
 	apiserver, err := c.StartProcess("kube-apiserver", exec.Command(bin("k8s/kube-apiserver"), append(args, opts.APIServerArgs...)...))
 	if err != nil {
@@ -111,6 +114,8 @@ current-context: kurma-test
 		return err
 	}
 	if opts.ControllerManager {
+		// --root-ca-file: the API server's self-signed certificate,
+		// published as kube-root-ca.crt for pods with service accounts.
 		if _, err := c.StartProcess("kube-controller-manager", exec.Command(bin("k8s/kube-controller-manager"),
 			"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig,
 			"--authorization-kubeconfig="+c.Kubeconfig, "--leader-elect=false",

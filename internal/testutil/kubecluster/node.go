@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -48,7 +49,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	if err := c.startContainerd(ctx); err != nil {
+	if err := c.startContainerd(ctx, opts.SharedNetNS); err != nil {
 		return err
 	}
 	imgs := []string{filepath.Join(opts.BinDir, "images", "k8s-pause.tar"), filepath.Join(opts.BinDir, "images", "k8s-echo.tar")}
@@ -81,8 +82,25 @@ func linkCNIBin(dir, src, fallback string) error {
 	return nil
 }
 
-func (c *Cluster) startContainerd(ctx context.Context) error {
+func (c *Cluster) startContainerd(ctx context.Context, sharedNetNS bool) error {
 	d := filepath.Dir(c.ContainerdSocket)
+	c.NetNSDir = "/var/run/netns"
+	netnsLine := ""
+	if sharedNetNS {
+		// The CRI plugin's state folder holds them (its netns/).
+		c.NetNSDir = filepath.Join(d, "state", "io.containerd.grpc.v1.cri", "netns")
+		if err := os.MkdirAll(c.NetNSDir, 0o755); err != nil {
+			return err
+		}
+		// A mount point of its own, shared: unmountUnder(c.Dir) undoes it.
+		if err := unix.Mount(c.NetNSDir, c.NetNSDir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", c.NetNSDir, err)
+		}
+		if err := unix.Mount("", c.NetNSDir, "", unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("make %s shared: %w", c.NetNSDir, err)
+		}
+		netnsLine = "netns_mounts_under_state_dir = true"
+	}
 	conf := fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -102,6 +120,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   # Root here lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj.
   restrict_oom_score_adj = true
   disable_apparmor = true
+  %s
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -116,7 +135,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     conf_dir = %q
     max_conf_num = 1
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), c.ContainerdSocket, c.ContainerdSocket+".ttrpc",
-		PauseImage, c.CNIBinDir, c.CNIConfDir)
+		PauseImage, netnsLine, c.CNIBinDir, c.CNIConfDir)
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return err
 	}
@@ -155,6 +174,13 @@ func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// ImportImage imports an image tarball (docker-save or OCI archive) into
+// the node's containerd, in the CRI's namespace k8s.io, as
+// `ctr -n k8s.io images import` does.
+func (c *Cluster) ImportImage(ctx context.Context, path string) error {
+	return c.importImage(ctx, path)
 }
 
 // importImage imports an image tarball into the CRI's namespace.
