@@ -169,10 +169,10 @@ func (r *Rules) Equal(o *Rules) bool {
 }
 
 func cmpAllow(a, b Allow) int {
-	if c := a.PeerLo.Compare(b.PeerLo); c != 0 {
+	if c := cmpAddr(a.PeerLo, b.PeerLo); c != 0 {
 		return c
 	}
-	if c := a.PeerHi.Compare(b.PeerHi); c != 0 {
+	if c := cmpAddr(a.PeerHi, b.PeerHi); c != 0 {
 		return c
 	}
 	if a.Proto != b.Proto {
@@ -387,4 +387,22 @@ func addr4(v uint32) netip.Addr {
 
 func compileSelector(np *networkingv1.NetworkPolicy) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+}
+
+// cmpAddr orders addresses; IPv4 (all the engine makes) without netip's
+// general comparison.
+func cmpAddr(a, b netip.Addr) int {
+	if a.Is4() && b.Is4() {
+		x, y := a.As4(), b.As4()
+		u := uint32(x[0])<<24 | uint32(x[1])<<16 | uint32(x[2])<<8 | uint32(x[3])
+		v := uint32(y[0])<<24 | uint32(y[1])<<16 | uint32(y[2])<<8 | uint32(y[3])
+		switch {
+		case u < v:
+			return -1
+		case u > v:
+			return 1
+		}
+		return 0
+	}
+	return a.Compare(b)
 }
