@@ -30,9 +30,9 @@ type Engine struct {
 	// contrib counts, per local pod, how many (policy, rule, peer, port)
 	// contributions make each Allow, so that a peer's change is applied
 	// as a delta (peerDelta) instead of a recomputation.
-	contrib  map[string]*podContrib
-	dirty    map[string]bool // local pods to recompute
-	deltas   map[string]bool // local pods whose contrib a delta changed
+	contrib map[string]*podContrib
+	dirty   map[string]bool // local pods to recompute
+	deltas  map[string]bool // local pods whose contrib a delta changed
 	// memo holds, during one Compute, the pods each peer selector matched
 	// (policies often share selectors).
 	memo map[string][]*Pod
