@@ -83,12 +83,21 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		maps.Equal(old.Labels, cur.Labels) && slices.Equal(old.Ports, cur.Ports) {
 		return // nothing a peer match depends on
 	}
+	names := map[string]bool{} // peerSig -> namesPeer(old) || namesPeer(cur)
 	for pk, locals := range e.polLocal {
 		if len(locals) == 0 {
 			continue
 		}
 		pol := e.policies[pk]
-		if pol == nil || !(e.namesPeer(pol, old) || e.namesPeer(pol, cur)) {
+		if pol == nil {
+			continue
+		}
+		hit, ok := names[pol.peerSig]
+		if !ok || pol.peerSig == "" {
+			hit = e.namesPeer(pol, old) || e.namesPeer(pol, cur)
+			names[pol.peerSig] = hit
+		}
+		if !hit {
 			continue
 		}
 		for l := range locals {

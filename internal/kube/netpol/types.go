@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -190,6 +191,28 @@ type policy struct {
 	selector         labels.Selector
 	ingress, egress  bool // policy types
 	inRules, egRules []rule
+	// peerSig is equal for two policies exactly when namesPeer answers
+	// the same for them (namespace, types, peers, named ports): a pod's
+	// change checks each distinct signature once.
+	peerSig string
+}
+
+func (p *policy) signature() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%v|%v", p.namespace, p.ingress, p.egress)
+	for d, rs := range [][]rule{p.inRules, p.egRules} {
+		for _, r := range rs {
+			named := false
+			for _, pt := range r.ports {
+				named = named || pt.name != ""
+			}
+			fmt.Fprintf(&b, "|%d:%v:%v", d, r.allPeers, named)
+			for _, pe := range r.peers {
+				fmt.Fprintf(&b, ";%s/%s/%v/%v", selString(pe.pods), selString(pe.nsSel), pe.block, pe.ranges)
+			}
+		}
+	}
+	return b.String()
 }
 
 type rule struct {
@@ -249,6 +272,7 @@ func compile(np *networkingv1.NetworkPolicy) (*policy, error) {
 		}
 		p.egRules = append(p.egRules, cr)
 	}
+	p.peerSig = p.signature()
 	return p, nil
 }
 
