@@ -31,10 +31,16 @@
 // watch already delivers the objects once per node and the per-node
 // computation scales with the node's pods, not the cluster's.
 //
-// Incremental: each change (Pod, Namespace, Policy) marks the local pods
-// whose rules may change (the pods a policy selects before and after; the
-// local pods whose policies name a changed pod as a peer; the pod itself);
-// Dirty hands them out, and Compute recomputes only those.
+// Incremental: a change of a policy, a namespace or a local pod marks the
+// local pods whose rules may change (the pods a policy selects before and
+// after; the local pods of policies with a namespaceSelector; the pod
+// itself), and Compute recomputes only those. A change of a peer pod is a
+// delta: each local pod keeps counted contributions (policy, rule, peer,
+// port) per Allow, and the peer's old contributions are taken out and its
+// new ones put in, without recomputation. Policies that name peers alike
+// share a signature, so a pod's change checks each signature once.
+// TestIncrementalEqualsScratch checks that the result always equals a
+// fresh computation.
 //
 // Locking: an Engine is not safe for concurrent use; the Controller
 // serialises it under its mutex.

@@ -27,7 +27,12 @@ type Engine struct {
 	// pod is matched once per distinct selector.
 	polBySel map[string]map[string]*selGroup
 	rules    map[string]*Rules // last computed, by local pod key
-	dirty    map[string]bool
+	// contrib counts, per local pod, how many (policy, rule, peer, port)
+	// contributions make each Allow, so that a peer's change is applied
+	// as a delta (peerDelta) instead of a recomputation.
+	contrib map[string]*podContrib
+	dirty   map[string]bool // local pods to recompute
+	deltas  map[string]bool // local pods whose contrib a delta changed
 	// memo holds, during one Compute, the pods each peer selector matched
 	// (policies often share selectors).
 	memo map[string][]*Pod
@@ -37,7 +42,8 @@ type Engine struct {
 func NewEngine(node string) *Engine {
 	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{},
 		nsLabels: map[string]labels.Set{}, policies: map[string]*policy{}, polByNS: map[string]map[string]*policy{},
-		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, rules: map[string]*Rules{}, dirty: map[string]bool{}}
+		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
+		contrib: map[string]*podContrib{}, deltas: map[string]bool{}}
 }
 
 func (e *Engine) local(p *Pod) bool { return p != nil && p.Node == e.node }
@@ -77,18 +83,118 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		maps.Equal(old.Labels, cur.Labels) && slices.Equal(old.Ports, cur.Ports) {
 		return // nothing a peer match depends on
 	}
+	names := map[string]bool{} // peerSig -> namesPeer(old) || namesPeer(cur)
 	for pk, locals := range e.polLocal {
 		if len(locals) == 0 {
 			continue
 		}
 		pol := e.policies[pk]
-		if pol == nil || !(e.namesPeer(pol, old) || e.namesPeer(pol, cur)) {
+		if pol == nil {
+			continue
+		}
+		hit, ok := names[pol.peerSig]
+		if !ok || pol.peerSig == "" {
+			hit = e.namesPeer(pol, old) || e.namesPeer(pol, cur)
+			names[pol.peerSig] = hit
+		}
+		if !hit {
 			continue
 		}
 		for l := range locals {
-			e.dirty[l] = true
+			c := e.contrib[l]
+			if e.dirty[l] || c == nil {
+				e.dirty[l] = true
+				continue
+			}
+			// The local pod's rules are current but for this peer: take
+			// its old contributions out and put the new ones in.
+			lp := e.pods[l]
+			e.peerDelta(c, pol, lp, old, -1)
+			e.peerDelta(c, pol, lp, cur, 1)
+			e.deltas[l] = true
 		}
 	}
+}
+
+// podContrib is a local pod's isolation and counted contributions.
+type podContrib struct {
+	isoIn, isoEg bool
+	in, eg       map[Allow]int32
+}
+
+// peerDelta adds sign times what peer x contributes through pol's rules
+// to local pod l (exactly what addRule counts for x).
+func (e *Engine) peerDelta(c *podContrib, pol *policy, l, x *Pod, sign int32) {
+	if x == nil || !x.active() || l == nil {
+		return
+	}
+	apply := func(set map[Allow]int32, rs []rule, egress bool) {
+		for _, ru := range rs {
+			for _, a := range e.peerAllows(pol.namespace, ru, l, x, egress) {
+				if set[a] += sign; set[a] <= 0 {
+					delete(set, a)
+				}
+			}
+		}
+	}
+	if pol.ingress {
+		apply(c.in, pol.inRules, false)
+	}
+	if pol.egress {
+		apply(c.eg, pol.egRules, true)
+	}
+}
+
+// peerAllows lists, with repetitions, the Allows of rule ru that involve
+// pod x as a peer of local pod l: once per peer entry x matches and per
+// port, plus egress named ports reached through address ranges.
+func (e *Engine) peerAllows(polNS string, ru rule, l, x *Pod, egress bool) []Allow {
+	var out []Allow
+	one := func(pr Proto, lo, hi uint16) {
+		out = append(out, Allow{PeerLo: x.IP, PeerHi: x.IP, Proto: pr, PortLo: lo, PortHi: hi})
+	}
+	var ranges [][2]netip.Addr
+	if ru.allPeers {
+		ranges = append(ranges, [2]netip.Addr{anyLo, anyHi})
+	}
+	for _, pe := range ru.peers {
+		if pe.block {
+			ranges = append(ranges, pe.ranges...)
+			continue
+		}
+		if !e.peerMatches(polNS, pe, x) {
+			continue
+		}
+		if ru.allPorts {
+			one(0, 0, 0)
+			continue
+		}
+		for _, pt := range ru.ports {
+			switch {
+			case pt.name == "":
+				one(pt.proto, pt.lo, pt.hi)
+			case !egress:
+				if n, ok := l.namedPort(pt.name, pt.proto); ok {
+					one(pt.proto, n, n)
+				}
+			default:
+				if n, ok := x.namedPort(pt.name, pt.proto); ok {
+					one(pt.proto, n, n)
+				}
+			}
+		}
+	}
+	if egress && !ru.allPorts && len(ranges) > 0 && inRanges(ranges, x.IP) {
+		for _, pt := range ru.ports {
+			if pt.name == "" {
+				continue
+			}
+			if n, ok := x.namedPort(pt.name, pt.proto); ok {
+				one(pt.proto, n, n)
+			}
+		}
+	}
+	return out
 }
 
 // namesPeer reports whether a rule of pol may allow p as a peer.
@@ -260,6 +366,7 @@ func (e *Engine) Compute() map[string]*Rules {
 			}
 		}
 		delete(e.podPols, k)
+		delete(e.contrib, k)
 		if e.local(p) && p.active() {
 			r = e.compute(p)
 		}
@@ -272,6 +379,20 @@ func (e *Engine) Compute() map[string]*Rules {
 			e.rules[k] = r
 		}
 	}
+	for k := range e.deltas {
+		c, old := e.contrib[k], e.rules[k]
+		if e.dirty[k] || c == nil || old == nil {
+			continue
+		}
+		r := &Rules{IP: old.IP, Ingress: Dir{Isolated: c.isoIn}, Egress: Dir{Isolated: c.isoEg}}
+		r.Ingress.Allow = finish(&r.Ingress, c.in)
+		r.Egress.Allow = finish(&r.Egress, c.eg)
+		if !old.Equal(r) {
+			out[k] = r
+		}
+		e.rules[k] = r
+	}
+	clear(e.deltas)
 	clear(e.dirty)
 	return out
 }
@@ -282,7 +403,7 @@ func (e *Engine) compute(l *Pod) *Rules {
 	if old := e.rules[l.Key()]; old != nil {
 		hin, heg = len(old.Ingress.Allow), len(old.Egress.Allow)
 	}
-	in, eg := make(map[Allow]bool, hin), make(map[Allow]bool, heg)
+	in, eg := make(map[Allow]int32, hin), make(map[Allow]int32, heg)
 	lk := l.Key()
 	for _, g := range e.polBySel[l.Namespace] {
 		if !g.sel.Matches(labels.Set(l.Labels)) {
@@ -292,13 +413,14 @@ func (e *Engine) compute(l *Pod) *Rules {
 			e.addPolicyTo(l, lk, name, pol, r, in, eg)
 		}
 	}
+	e.contrib[lk] = &podContrib{isoIn: r.Ingress.Isolated, isoEg: r.Egress.Isolated, in: in, eg: eg}
 	r.Ingress.Allow = finish(&r.Ingress, in)
 	r.Egress.Allow = finish(&r.Egress, eg)
 	return r
 }
 
 // addPolicyTo adds what policy pol allows to local pod l's rules.
-func (e *Engine) addPolicyTo(l *Pod, lk, name string, pol *policy, r *Rules, in, eg map[Allow]bool) {
+func (e *Engine) addPolicyTo(l *Pod, lk, name string, pol *policy, r *Rules, in, eg map[Allow]int32) {
 	{
 		pk := l.Namespace + "/" + name
 		if e.polLocal[pk] == nil {
@@ -362,8 +484,8 @@ func (e *Engine) ungroup(pol *policy) {
 // allowAll is the Allow of a rule without peers and ports.
 var allowAll = Allow{PeerLo: anyLo, PeerHi: anyHi}
 
-func finish(d *Dir, set map[Allow]bool) []Allow {
-	if !d.Isolated || set[allowAll] {
+func finish(d *Dir, set map[Allow]int32) []Allow {
+	if !d.Isolated || set[allowAll] > 0 {
 		d.Isolated = false
 		return nil
 	}
@@ -377,7 +499,7 @@ func finish(d *Dir, set map[Allow]bool) []Allow {
 
 // addRule adds what rule ru of a policy in namespace polNS allows for
 // local pod l.
-func (e *Engine) addRule(set map[Allow]bool, polNS string, ru rule, l *Pod, egress bool) {
+func (e *Engine) addRule(set map[Allow]int32, polNS string, ru rule, l *Pod, egress bool) {
 	// The peers: address ranges and pods.
 	var ranges [][2]netip.Addr
 	var pods []*Pod
@@ -392,7 +514,7 @@ func (e *Engine) addRule(set map[Allow]bool, polNS string, ru rule, l *Pod, egre
 		pods = e.appendPeers(pods, polNS, pe)
 	}
 	add := func(lo, hi netip.Addr, pr Proto, plo, phi uint16) {
-		set[Allow{PeerLo: lo, PeerHi: hi, Proto: pr, PortLo: plo, PortHi: phi}] = true
+		set[Allow{PeerLo: lo, PeerHi: hi, Proto: pr, PortLo: plo, PortHi: phi}]++
 	}
 	if ru.allPorts {
 		for _, rg := range ranges {

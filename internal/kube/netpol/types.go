@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -169,10 +170,10 @@ func (r *Rules) Equal(o *Rules) bool {
 }
 
 func cmpAllow(a, b Allow) int {
-	if c := a.PeerLo.Compare(b.PeerLo); c != 0 {
+	if c := cmpAddr(a.PeerLo, b.PeerLo); c != 0 {
 		return c
 	}
-	if c := a.PeerHi.Compare(b.PeerHi); c != 0 {
+	if c := cmpAddr(a.PeerHi, b.PeerHi); c != 0 {
 		return c
 	}
 	if a.Proto != b.Proto {
@@ -190,6 +191,28 @@ type policy struct {
 	selector         labels.Selector
 	ingress, egress  bool // policy types
 	inRules, egRules []rule
+	// peerSig is equal for two policies exactly when namesPeer answers
+	// the same for them (namespace, types, peers, named ports): a pod's
+	// change checks each distinct signature once.
+	peerSig string
+}
+
+func (p *policy) signature() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%v|%v", p.namespace, p.ingress, p.egress)
+	for d, rs := range [][]rule{p.inRules, p.egRules} {
+		for _, r := range rs {
+			named := false
+			for _, pt := range r.ports {
+				named = named || pt.name != ""
+			}
+			fmt.Fprintf(&b, "|%d:%v:%v", d, r.allPeers, named)
+			for _, pe := range r.peers {
+				fmt.Fprintf(&b, ";%s/%s/%v/%v", selString(pe.pods), selString(pe.nsSel), pe.block, pe.ranges)
+			}
+		}
+	}
+	return b.String()
 }
 
 type rule struct {
@@ -249,6 +272,7 @@ func compile(np *networkingv1.NetworkPolicy) (*policy, error) {
 		}
 		p.egRules = append(p.egRules, cr)
 	}
+	p.peerSig = p.signature()
 	return p, nil
 }
 
@@ -387,4 +411,22 @@ func addr4(v uint32) netip.Addr {
 
 func compileSelector(np *networkingv1.NetworkPolicy) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+}
+
+// cmpAddr orders addresses; IPv4 (all the engine makes) without netip's
+// general comparison.
+func cmpAddr(a, b netip.Addr) int {
+	if a.Is4() && b.Is4() {
+		x, y := a.As4(), b.As4()
+		u := uint32(x[0])<<24 | uint32(x[1])<<16 | uint32(x[2])<<8 | uint32(x[3])
+		v := uint32(y[0])<<24 | uint32(y[1])<<16 | uint32(y[2])<<8 | uint32(y[3])
+		switch {
+		case u < v:
+			return -1
+		case u > v:
+			return 1
+		}
+		return 0
+	}
+	return a.Compare(b)
 }
