@@ -117,9 +117,30 @@ const (
 
 // installConf writes the conflist that makes kurma-k8s the node's CNI
 // (with portmap chained for hostPort when asked), staged outside the
-// watched folder (see writeAtomic).
+// watched folder (see writeAtomic), then makes the runtime reload it.
 func installConf(dir, socket string, portmap bool) error {
-	return writeAtomic(filepath.Join(dir, confName), cniwire.ConfList(socket, portmap), 0o644, filepath.Dir(filepath.Clean(dir)))
+	if err := writeAtomic(filepath.Join(dir, confName), cniwire.ConfList(socket, portmap), 0o644, filepath.Dir(filepath.Clean(dir))); err != nil {
+		return err
+	}
+	return pokeDir(dir)
+}
+
+// pokeDir makes a runtime that watches dir reload it: containerd 1.6
+// ignores Create events (a file renamed in is one) and reloads on Write,
+// Rename and Remove, so an empty hidden file is made and removed. No
+// runtime loads it (not a .conf, .conflist or .json name), and no event
+// shows a partial conflist.
+func pokeDir(dir string) error {
+	p := filepath.Join(dir, ".kurma-reload")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	_ = f.Close()
+	if err := os.Remove(p); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	return nil
 }
 
 // writeAtomic writes b to path through a temporary file renamed over it,
