@@ -55,6 +55,11 @@ const (
 	// ErrPlugFailed: the agent could not plug the port into the pod's
 	// network namespace.
 	ErrPlugFailed = 104
+	// ErrPortNotOwned: the port the annotation names is not this pod's
+	// (its id is not pod-<UID>, or the controller's record of it has
+	// another device id or owner), or it is attached to another live
+	// sandbox. The agent never moves such a port.
+	ErrPortNotOwned = 105
 )
 
 // DelQueue is the folder, beside the agent's socket, where the shim leaves
