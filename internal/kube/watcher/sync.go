@@ -29,7 +29,7 @@ func newLimiter() *rate.Limiter { return rate.NewLimiter(rate.Limit(200), 1000) 
 func everything() labels.Selector { return labels.Everything() }
 
 // PortID is the id of the port of the pod with this UID.
-func PortID(uid types.UID) string { return "pod-" + string(uid) }
+func PortID(uid types.UID) string { return podnet.PortID(string(uid)) }
 
 // SubnetID is the id of the subnet of the namespace with this UID.
 func SubnetID(uid types.UID) string { return "ns-" + string(uid) }
@@ -56,6 +56,12 @@ func annotated(p *corev1.Pod) bool {
 	return n.PodUID == string(p.UID) && n.PortID == PortID(p.UID)
 }
 
+// podKey is the one queue key of everything done for the pod with this
+// UID (its port made, annotated or deleted): the queue never syncs a key
+// on two workers at once, so a sync that read the pod before its deletion
+// is always followed by one that sees it gone.
+func podKey(uid types.UID) string { return "p/" + string(uid) }
+
 func (w *Watcher) onPod(o any) {
 	p, ok := o.(*corev1.Pod)
 	if !ok {
@@ -63,9 +69,9 @@ func (w *Watcher) onPod(o any) {
 	}
 	switch {
 	case eligible(p) && !annotated(p):
-		w.q.Add("p/" + p.Namespace + "/" + p.Name)
+		w.q.Add(podKey(p.UID))
 	case !eligible(p) && p.Spec.NodeName != "" && !p.Spec.HostNetwork:
-		w.q.Add("u/" + string(p.UID)) // finished: its port goes
+		w.q.Add(podKey(p.UID)) // finished: its port goes
 	}
 }
 
@@ -74,7 +80,7 @@ func (w *Watcher) onPodDelete(o any) {
 		o = t.Obj
 	}
 	if p, ok := o.(*corev1.Pod); ok && !p.Spec.HostNetwork {
-		w.q.Add("u/" + string(p.UID))
+		w.q.Add(podKey(p.UID))
 	}
 }
 
@@ -100,7 +106,7 @@ func (w *Watcher) onNodeUpdate(old, o any) {
 	}
 	for _, p := range pods {
 		if p.Spec.NodeName == nn.Name {
-			w.q.Add("p/" + p.Namespace + "/" + p.Name)
+			w.q.Add(podKey(p.UID))
 		}
 	}
 }
@@ -116,9 +122,6 @@ func (w *Watcher) sync(ctx context.Context, key string) error {
 	kind, rest, _ := strings.Cut(key, "/")
 	switch kind {
 	case "p":
-		ns, name, _ := strings.Cut(rest, "/")
-		return w.syncPod(ctx, ns, name)
-	case "u":
 		return w.syncUID(ctx, types.UID(rest))
 	case "n":
 		return w.syncNamespace(ctx, rest)
@@ -128,21 +131,25 @@ func (w *Watcher) sync(ctx context.Context, key string) error {
 	return nil
 }
 
-// syncPod gives an eligible pod its port and annotation.
-func (w *Watcher) syncPod(ctx context.Context, nsName, name string) error {
-	pod, err := w.pods.Pods(nsName).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil // its delete event queued its UID
-	}
+// syncUID gives the eligible pod of a UID its port and annotation, and
+// deletes the port of a UID that has no eligible pod.
+func (w *Watcher) syncUID(ctx context.Context, uid types.UID) error {
+	objs, err := w.podIdx.ByIndex(uidIndex, string(uid))
 	if err != nil {
 		return err
 	}
-	if !eligible(pod) {
-		if pod.Spec.NodeName != "" && !pod.Spec.HostNetwork {
-			return w.syncUID(ctx, pod.UID)
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok && eligible(p) {
+			return w.syncPod(ctx, p)
 		}
-		return nil
 	}
+	return w.deletePort(ctx, uid)
+}
+
+// syncPod gives an eligible pod its port and annotation. Only the sync of
+// the pod's key calls it.
+func (w *Watcher) syncPod(ctx context.Context, pod *corev1.Pod) error {
+	nsName, name := pod.Namespace, pod.Name
 	ns, err := w.nss.Get(nsName)
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: namespace: %w", nsName, name, err)
@@ -270,19 +277,34 @@ func (w *Watcher) patchAnnotation(ctx context.Context, pod *corev1.Pod, val stri
 	return nil
 }
 
-// syncUID deletes the port of a pod UID unless an eligible pod still has
-// that UID.
-func (w *Watcher) syncUID(ctx context.Context, uid types.UID) error {
+// liveUID reports whether an eligible pod has this UID.
+func (w *Watcher) liveUID(uid types.UID) (bool, error) {
 	objs, err := w.podIdx.ByIndex(uidIndex, string(uid))
 	if err != nil {
-		return err
+		return false, err
 	}
 	for _, o := range objs {
 		if p, ok := o.(*corev1.Pod); ok && eligible(p) {
-			return nil
+			return true, nil
 		}
 	}
-	err = w.c.DeletePort(ctx, w.cfg.Project, PortID(uid))
+	return false, nil
+}
+
+// collectUID deletes the port of a pod UID unless an eligible pod still
+// has that UID. (A sync of the pod's key that raced with this, having
+// read the pod before it went, is followed by the sync its delete event
+// queued.)
+func (w *Watcher) collectUID(ctx context.Context, uid types.UID) error {
+	if live, err := w.liveUID(uid); err != nil || live {
+		return err
+	}
+	return w.deletePort(ctx, uid)
+}
+
+// deletePort deletes the port of a pod UID; a missing port is success.
+func (w *Watcher) deletePort(ctx context.Context, uid types.UID) error {
+	err := w.c.DeletePort(ctx, w.cfg.Project, PortID(uid))
 	if err == nil {
 		w.log.Debug("port deleted", "port", PortID(uid))
 	}
@@ -400,7 +422,7 @@ func (w *Watcher) collectPorts(ctx context.Context, subnetID string) error {
 		if p.DeviceOwner != Owner || p.ID != PortID(types.UID(p.DeviceID)) {
 			continue
 		}
-		if err := w.syncUID(ctx, types.UID(p.DeviceID)); err != nil {
+		if err := w.collectUID(ctx, types.UID(p.DeviceID)); err != nil {
 			return err
 		}
 	}
@@ -421,8 +443,12 @@ func (w *Watcher) resync(ctx context.Context) error {
 			continue
 		}
 		have[p.ID] = true
-		if err := w.syncUID(ctx, types.UID(p.DeviceID)); err != nil {
+		live, err := w.liveUID(types.UID(p.DeviceID))
+		if err != nil {
 			return err
+		}
+		if !live {
+			w.q.Add(podKey(types.UID(p.DeviceID))) // its pod is gone
 		}
 	}
 	pods, err := w.pods.List(everything())
@@ -431,7 +457,7 @@ func (w *Watcher) resync(ctx context.Context) error {
 	}
 	for _, p := range pods {
 		if eligible(p) && (!annotated(p) || !have[PortID(p.UID)]) {
-			w.q.Add("p/" + p.Namespace + "/" + p.Name)
+			w.q.Add(podKey(p.UID))
 		}
 	}
 	nss, err := w.nss.List(everything())

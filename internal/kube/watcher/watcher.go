@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"kurma.dev/kurma/internal/kube/leader"
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
@@ -71,7 +72,7 @@ type Config struct {
 }
 
 // Owner is the device_owner of every port the watcher creates.
-const Owner = "kurma.dev/k8s-watcher"
+const Owner = podnet.PortOwner
 
 // Watcher keeps controller objects in step with the cluster. Build it
 // with New and call Run once.
@@ -128,15 +129,6 @@ func New(cfg Config) (*Watcher, error) {
 	if l := cfg.Lease; l != nil {
 		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
 			return nil, kerrors.New(kerrors.Invalid, "watcher: lease namespace, name and identity are required")
-		}
-		if l.Duration <= 0 {
-			l.Duration = 12 * time.Second
-		}
-		if l.RenewDeadline <= 0 {
-			l.RenewDeadline = 8 * time.Second
-		}
-		if l.RetryPeriod <= 0 {
-			l.RetryPeriod = 2 * time.Second
 		}
 	}
 	w := &Watcher{
