@@ -362,3 +362,67 @@ func TestDeletedPodPortNotRecreated(t *testing.T) {
 		t.Fatalf("port %s of the deleted pod is left behind", PortID("u1"))
 	}
 }
+
+// TestResyncListsSubnetsOnce: a resync of a cluster of 30 namespaces whose
+// subnets are in place lists the subnets once (it used to sync every
+// namespace, each listing all subnets: N² in namespaces).
+func TestResyncListsSubnetsOnce(t *testing.T) {
+	var objs []any
+	for i := range 30 {
+		objs = append(objs, testNS(fmt.Sprintf("ns%d", i), fmt.Sprintf("nsuid%d", i)))
+	}
+	e := startFake(t, objs...)
+	e.run()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e.fc.mu.Lock()
+		n := len(e.fc.subnets)
+		e.fc.mu.Unlock()
+		if n == 30 && e.q.idle() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 30 subnets after 20s", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.fc.mu.Lock()
+	e.fc.listSubnets = 0
+	e.fc.mu.Unlock()
+	e.w.q.Add(resyncKey)
+	e.waitIdle()
+	e.fc.mu.Lock()
+	defer e.fc.mu.Unlock()
+	if e.fc.listSubnets != 1 {
+		t.Fatalf("a resync of 30 namespaces listed the subnets %d times, want 1", e.fc.listSubnets)
+	}
+}
+
+// TestSubnetRemovedElsewhere: a namespace's subnet removed other than by
+// the namespace's deletion (by an operator, with its ports) is made again
+// for the namespace's next pod, instead of the cache naming it forever.
+func TestSubnetRemovedElsewhere(t *testing.T) {
+	e := startFake(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, testNS("ns", "nsuid"),
+		testPod("ns", "p1", "u1", "n1"))
+	e.run()
+	waitPort := func(uid string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !e.fc.hasPort(PortID(types.UID(uid))) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no port for %s within 20s", uid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitPort("u1")
+	e.waitIdle()
+	e.fc.mu.Lock()
+	clear(e.fc.ports)
+	clear(e.fc.subnets)
+	e.fc.mu.Unlock()
+	if _, err := e.kube.CoreV1().Pods("ns").Create(context.Background(), testPod("ns", "p2", "u2", "n1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPort("u2")
+}

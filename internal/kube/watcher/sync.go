@@ -166,6 +166,11 @@ func (w *Watcher) syncPod(ctx context.Context, pod *corev1.Pod) error {
 		host = hostIDOf(node)
 	}
 	port, err := w.ensurePort(ctx, pod, sn, host)
+	if errors.Is(err, kerrors.NotFound) {
+		// The subnet went other than by its namespace's deletion: make
+		// it again on the retry.
+		w.forgetSubnet(sn.ID)
+	}
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: %w", nsName, name, err)
 	}
@@ -400,15 +405,20 @@ func (w *Watcher) syncNamespace(ctx context.Context, name string) error {
 		default:
 			return fmt.Errorf("namespace %s: delete subnet %s: %w", name, s.ID, err)
 		}
-		w.mu.Lock()
-		for uid, c := range w.subnets {
-			if c.ID == s.ID {
-				delete(w.subnets, uid)
-			}
-		}
-		w.mu.Unlock()
+		w.forgetSubnet(s.ID)
 	}
 	return busy // retried with backoff until the pods are gone
+}
+
+// forgetSubnet drops a subnet from the cache.
+func (w *Watcher) forgetSubnet(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for uid, c := range w.subnets {
+		if c.ID == id {
+			delete(w.subnets, uid)
+		}
+	}
 }
 
 // collectPorts deletes the watcher's ports in a subnet (all subnets when
@@ -460,22 +470,40 @@ func (w *Watcher) resync(ctx context.Context) error {
 			w.q.Add(podKey(p.UID))
 		}
 	}
-	nss, err := w.nss.List(everything())
-	if err != nil {
-		return err
-	}
-	seen := map[string]bool{}
-	for _, n := range nss {
-		seen[n.Name] = true
-		w.q.Add("n/" + n.Name)
-	}
+	// Subnets are listed once here; only the namespaces whose subnet is
+	// missing, or that have a stale one, are synced (each such sync lists
+	// them again).
 	subs, err := w.c.ListSubnets(ctx, w.cfg.Project, w.cfg.VPC)
 	if err != nil {
 		return fmt.Errorf("resync: list subnets: %w", err)
 	}
+	exists := map[string]bool{}
 	for _, s := range subs {
-		if strings.HasPrefix(s.ID, "ns-") && !seen[s.Name] {
-			w.q.Add("n/" + s.Name)
+		exists[s.ID] = true
+	}
+	w.mu.Lock()
+	for uid, c := range w.subnets {
+		if !exists[c.ID] {
+			delete(w.subnets, uid) // removed other than by its namespace's deletion
+		}
+	}
+	w.mu.Unlock()
+	nss, err := w.nss.List(everything())
+	if err != nil {
+		return err
+	}
+	live := map[string]string{} // namespace name -> its subnet id
+	for _, n := range nss {
+		if n.DeletionTimestamp == nil {
+			live[n.Name] = SubnetID(n.UID)
+		}
+		if n.DeletionTimestamp != nil || !exists[SubnetID(n.UID)] {
+			w.q.Add("n/" + n.Name)
+		}
+	}
+	for _, s := range subs {
+		if strings.HasPrefix(s.ID, "ns-") && live[s.Name] != s.ID {
+			w.q.Add("n/" + s.Name) // of a namespace that is gone or was replaced
 		}
 	}
 	return nil
