@@ -25,7 +25,7 @@ TOOLS_CACHE := $(CACHE_ROOT)/tools-$(TOOLS_KEY)
 UPSTREAM_CNI := bridge host-local loopback portmap ptp macvlan ipvlan static tuning bandwidth firewall
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 
-.PHONY: all build binaries tools k8s images deps test-deps test test-unit demo bench fuzz clean lint
+.PHONY: all build binaries tools k8s images deps test-deps test test-race test-unit demo bench fuzz clean lint
 
 all: build
 
@@ -115,6 +115,15 @@ test: test-deps build
 	KURMA_BIN_DIR=$(BIN) $(GO) test $(GO_TEST_FLAGS) $$($(GO) list ./... | grep -vxF $(HOST_PKGS:%=-e %))
 	KURMA_BIN_DIR=$(BIN) $(GO) test -p 1 $(GO_TEST_FLAGS) $(HOST_PKGS)
 	@if [ "$(HOSTCHECK)" != 0 ]; then $(GO) run ./test/hostsnap check $(HOSTSNAP); fi
+	@$(MAKE) --no-print-directory test-race
+
+# The Kubernetes, controller and agent packages and pkg/ under the race
+# detector (cgo: gcc and libc6-dev come with test-deps). -short skips the
+# long multi-host and 1,000-cycle tests; the packages that start real
+# clusters run one at a time, as in test.
+RACE_PKGS := ./internal/kube/... ./internal/controller/... ./internal/agent/... ./pkg/...
+test-race: test-deps build
+	CGO_ENABLED=1 KURMA_BIN_DIR=$(BIN) $(GO) test -race -short -p 1 -count=1 -timeout 40m $(RACE_PKGS)
 
 # Pure-logic tests only: no root, no build artefacts needed.
 test-unit:
