@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -425,4 +426,33 @@ func TestSubnetRemovedElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPort("u2")
+}
+
+// TestCompactPod: the pod cache keeps what the watcher reads, nothing
+// else, and the transform is idempotent.
+func TestCompactPod(t *testing.T) {
+	p := testPod("ns", "p", "u1", "n1")
+	p.ResourceVersion = "7"
+	p.Labels = map[string]string{"app": "x"}
+	p.Annotations = map[string]string{"other": "y", "kurma.dev/pod-networks": "{}"}
+	p.Status.Phase = corev1.PodRunning
+	p.Status.PodIP = "10.0.0.1"
+	o, err := compactPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.(*corev1.Pod)
+	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1", ResourceVersion: "7",
+		Annotations: map[string]string{"kurma.dev/pod-networks": "{}"}},
+		Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("compact pod %+v, want %+v", c, want)
+	}
+	again, _ := compactPod(c)
+	if !reflect.DeepEqual(again, want) {
+		t.Fatalf("not idempotent: %+v", again)
+	}
+	if !eligible(c) {
+		t.Fatal("compact pod not eligible")
+	}
 }
