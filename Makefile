@@ -136,7 +136,7 @@ demo: deps binaries tools images
 # Every benchmark under bench/ (each a main package printing its figures;
 # cnitimer and floorcni are plugins the k8s benchmark installs, not
 # benchmarks).
-BENCHES = run podstart stager image netplugin netattach controller agent cni lb k8s k8s/services k8s/reach
+BENCHES = run podstart stager image netplugin netattach controller agent cni lb k8s k8s/services k8s/reach k8s/watcherrss
 bench: test-deps build
 	@for d in $(BENCHES); do echo "== bench/$$d"; KURMA_BIN_DIR=$(BIN) $(GO) run ./bench/$$d || exit 1; done
 
