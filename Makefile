@@ -25,7 +25,7 @@ TOOLS_CACHE := $(CACHE_ROOT)/tools-$(TOOLS_KEY)
 UPSTREAM_CNI := bridge host-local loopback portmap ptp macvlan ipvlan static tuning bandwidth firewall
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 
-.PHONY: all build binaries tools k8s e2e coredns conformance-images conformance images image deps test-deps test test-unit demo bench fuzz clean lint
+.PHONY: all build binaries tools k8s e2e coredns conformance-images conformance images image deps test-deps test test-race test-unit demo bench fuzz clean lint
 
 all: build
 
@@ -179,6 +179,15 @@ test: test-deps build conformance-images
 	KURMA_BIN_DIR=$(BIN) $(GO) test $(GO_TEST_FLAGS) $$($(GO) list ./... | grep -vxF $(HOST_PKGS:%=-e %))
 	KURMA_BIN_DIR=$(BIN) $(GO) test -p 1 $(GO_TEST_FLAGS) $(HOST_PKGS)
 	@if [ "$(HOSTCHECK)" != 0 ]; then $(GO) run ./test/hostsnap check $(HOSTSNAP); fi
+	@$(MAKE) --no-print-directory test-race
+
+# The Kubernetes, controller and agent packages and pkg/ under the race
+# detector (cgo: gcc and libc6-dev come with test-deps). -short skips the
+# long multi-host and 1,000-cycle tests; the packages that start real
+# clusters run one at a time, as in test.
+RACE_PKGS := ./internal/kube/... ./internal/controller/... ./internal/agent/... ./pkg/...
+test-race: test-deps build
+	CGO_ENABLED=1 KURMA_BIN_DIR=$(BIN) $(GO) test -race -short -p 1 -count=1 -timeout 40m $(RACE_PKGS)
 
 # Pure-logic tests only: no root, no build artefacts needed.
 test-unit:
@@ -191,7 +200,7 @@ demo: deps binaries tools images
 # Every benchmark under bench/ (each a main package printing its figures;
 # cnitimer and floorcni are plugins the k8s benchmark installs, not
 # benchmarks).
-BENCHES = run podstart stager image netplugin netattach controller agent cni lb k8s k8s/services k8s/reach
+BENCHES = run podstart stager image netplugin netattach controller agent cni lb k8s k8s/services k8s/reach k8s/watcherrss
 bench: test-deps build
 	@for d in $(BENCHES); do echo "== bench/$$d"; KURMA_BIN_DIR=$(BIN) $(GO) run ./bench/$$d || exit 1; done
 

@@ -68,6 +68,7 @@ func run() error {
 		debugListen   = flag.String("debug-listen", "", "address serving Go's /debug/pprof/ (empty: none; profiles reveal internals, keep it local)")
 		metricsListen = flag.String("metrics-listen", "127.0.0.1:9698", "address serving GET /metrics (Prometheus) and GET /healthz (empty: none; an address in use is logged, not fatal)")
 		verbose       = flag.Bool("v", false, "debug logging")
+		fullPods      = flag.Bool("cache-full-pods", false, "cache whole Pod objects instead of compact ones (bench/k8s/watcherrss's baseline only)")
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
 	flag.Parse()
@@ -116,7 +117,8 @@ func run() error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg := watcher.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, Pool: pfx,
-		SubnetBits: *subnetBits, Workers: *workers, Resync: *resync, Metrics: reg, Logger: log}
+		SubnetBits: *subnetBits, Workers: *workers, Resync: *resync, Metrics: reg, Logger: log,
+		FullPods: *fullPods}
 	if *leaderElect {
 		id := *identity
 		if id == "" {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,6 +17,25 @@ import (
 type Attachment struct {
 	NetNS  string // absolute path of the pod's network namespace
 	IfName string // interface name inside it
+	// DeviceID and DeviceOwner, when set, must be the device_id and
+	// device_owner of the controller's record of the port: the caller
+	// names the port from input that others can write (a pod annotation),
+	// and the agent plugs only the port made for that device.
+	DeviceID, DeviceOwner string
+}
+
+// ErrNotOwned is the error (also kerrors.Conflict) of an Attach whose
+// port belongs to another device than the attachment names, or is
+// attached to another network namespace that still exists.
+var ErrNotOwned = errors.New("port not owned by the attachment")
+
+// owns reports why the port is not the attachment's, or nil.
+func (at Attachment) owns(p *controllerapi.Port) error {
+	if (at.DeviceID != "" && p.DeviceID != at.DeviceID) || (at.DeviceOwner != "" && p.DeviceOwner != at.DeviceOwner) {
+		return fmt.Errorf("%w (%w): port %s is device %q of %q, not %q of %q", ErrNotOwned, kerrors.Conflict,
+			p.ID, p.DeviceID, p.DeviceOwner, at.DeviceID, at.DeviceOwner)
+	}
+	return nil
 }
 
 // plugResult is what a sync of a port did, for the callers of Attach and
@@ -26,14 +46,24 @@ type plugResult struct {
 }
 
 // withAttachmentLocked fills the network namespace and interface name of
-// a local port that has none from its attachment. Callers hold a.mu.
-func (a *Agent) withAttachmentLocked(p *controllerapi.Port) {
+// a local port that has none from its attachment. An attachment that
+// names another device than the port's is dropped, and returned as an
+// error for its waiters (notify, once a.mu is released). Callers hold
+// a.mu.
+func (a *Agent) withAttachmentLocked(p *controllerapi.Port) error {
 	if netnsOf(p) != "" || !a.isLocal(p) {
-		return
+		return nil
 	}
-	if at, ok := a.attach[p.ID]; ok {
-		p.NetworkNS, p.VethName = at.NetNS, at.IfName
+	at, ok := a.attach[p.ID]
+	if !ok {
+		return nil
 	}
+	if err := at.owns(p); err != nil {
+		delete(a.attach, p.ID)
+		return err
+	}
+	p.NetworkNS, p.VethName = at.NetNS, at.IfName
+	return nil
 }
 
 // unattached reports whether a local port waits for an attachment: the
@@ -50,14 +80,21 @@ func (a *Agent) Restore(portID string, at Attachment) {
 	defer a.mu.Unlock()
 	a.attach[portID] = at
 	if p := a.ports[portID]; p != nil {
-		a.withAttachmentLocked(p)
+		if err := a.withAttachmentLocked(p); err != nil {
+			a.log.Warn("restored attachment refused", "port", portID, "err", err)
+		}
 	}
 }
 
 // Attach records where a port goes and waits until the agent has plugged
-// it and reported it UP (or failed to). The port must be bound to this
-// host; if the agent's watch has not delivered it yet, Attach waits for
-// it. It returns the port as the controller acknowledged it.
+// it (or failed to); the UP report to the controller follows. The port
+// must be bound to this host; if the agent's watch has not delivered it
+// yet, Attach waits for it. It returns the port as the agent has it.
+//
+// Attach never moves a port that is attached to another network
+// namespace that still exists (a live sandbox: its DEL comes first), nor
+// one whose controller record names another device than at does: both
+// fail with ErrNotOwned, and the port stays where it is.
 func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (controllerapi.Port, error) {
 	if at.NetNS == "" || at.NetNS[0] != '/' || at.IfName == "" {
 		return controllerapi.Port{}, kerrors.New(kerrors.Invalid, "attach port %s: want an absolute netns path and an interface name", portID)
@@ -65,6 +102,27 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 	start := time.Now()
 	ch := make(chan plugResult, 1)
 	a.mu.Lock()
+	for {
+		old, ok := a.attach[portID]
+		if !ok || old.NetNS == at.NetNS {
+			break
+		}
+		a.mu.Unlock() // no file calls under a.mu
+		gone, _ := netnsGone(old.NetNS)
+		if !gone {
+			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w (%w): attached to %s, which still exists", portID, ErrNotOwned, kerrors.Conflict, old.NetNS)
+		}
+		a.mu.Lock()
+		if cur, ok := a.attach[portID]; ok && cur == old {
+			break // gone: the new sandbox takes the port
+		}
+	}
+	if p := a.ports[portID]; p != nil {
+		if err := at.owns(p); err != nil {
+			a.mu.Unlock()
+			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w", portID, err)
+		}
+	}
 	a.attach[portID] = at
 	if p := a.ports[portID]; p != nil {
 		if a.isLocal(p) {

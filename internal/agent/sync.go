@@ -415,13 +415,17 @@ func (a *Agent) report(ctx context.Context, p *controllerapi.Port, status, reaso
 	if status != controllerapi.StatusUp {
 		a.log.Info("port status", "port", p.ID, "status", status, "reason", reason)
 	}
+	var refused error
 	a.mu.Lock()
 	if old := a.ports[np.ID]; old != nil && old.RevisionNumber <= np.RevisionNumber {
 		cp := *np
-		a.withAttachmentLocked(&cp)
+		refused = a.withAttachmentLocked(&cp)
 		a.ports[np.ID] = &cp
 	}
 	a.mu.Unlock()
+	if refused != nil {
+		a.notify(np.ID, plugResult{err: refused})
+	}
 	return nil
 }
 

@@ -124,13 +124,17 @@ func (a *Agent) upsertPort(p *controllerapi.Port) {
 		return
 	}
 	cp := *p
-	a.withAttachmentLocked(&cp)
+	refused := a.withAttachmentLocked(&cp)
 	a.ports[p.ID] = &cp
 	if since, ok := a.awaiting[p.ID]; ok {
 		delete(a.awaiting, p.ID)
 		a.m.observeAttach("port_wait", time.Since(since))
 	}
 	a.mu.Unlock()
+	if refused != nil {
+		a.log.Warn("attachment refused", "port", p.ID, "err", refused)
+		a.notify(p.ID, plugResult{err: refused})
+	}
 	if old != nil && !datapathChange(old, &cp) {
 		return // e.g. our own status report coming back
 	}

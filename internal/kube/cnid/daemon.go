@@ -158,7 +158,7 @@ func (d *Daemon) Restore() {
 	// the agent is told about the one whose namespace still exists.
 	for _, r := range recs {
 		if _, err := os.Stat(r.NetNS); err == nil {
-			d.cfg.Agent.Restore(r.PortID, agent.Attachment{NetNS: r.NetNS, IfName: r.IfName})
+			d.cfg.Agent.Restore(r.PortID, attachment(r))
 		}
 	}
 	d.mu.Lock()

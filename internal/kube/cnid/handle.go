@@ -126,6 +126,14 @@ func (d *Daemon) annotationOf(p *corev1.Pod) (podnet.Network, *types.Error) {
 		return n, cniError(cniwire.ErrUIDMismatch, "pod annotation was made for another pod UID",
 			fmt.Sprintf("annotation %s, pod %s", n.PodUID, p.UID))
 	}
+	if n.PortID != podnet.PortID(string(p.UID)) {
+		// Anyone who may edit the pod may write its annotation: the port
+		// it names must be the one the watcher makes for this pod (the
+		// agent checks the controller's record of it too). The watcher
+		// rewrites a wrong annotation; until then, wait.
+		return n, cniError(cniwire.ErrPortNotOwned, "pod annotation names another pod's port",
+			fmt.Sprintf("annotation port %s, this pod's port %s", n.PortID, podnet.PortID(string(p.UID))))
+	}
 	if n.HostID != d.cfg.HostID {
 		return n, cniError(cniwire.ErrAnnotationTimeout, "pod's port is bound to another host",
 			fmt.Sprintf("port host %s, this host %s", n.HostID, d.cfg.HostID))
@@ -207,7 +215,17 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	d.mu.Lock()
 	d.records[rec.key()] = rec
 	d.mu.Unlock()
+	notOwned := false
 	defer func() {
+		if retErr != nil && notOwned {
+			// The agent refused the port (another pod's, or held by a
+			// live sandbox): nothing was plugged, and a Detach would
+			// unplug its owner. Forget the record only.
+			if err := d.forget(rec.key()); err != nil {
+				d.log.Warn("cnid: rollback of refused ADD", "container", cid, "err", err)
+			}
+			return
+		}
 		if retErr != nil {
 			if err := d.del(context.WithoutCancel(ctx), rec.key()); err != nil {
 				d.log.Warn("cnid: rollback of failed ADD", "container", cid, "err", err)
@@ -231,7 +249,8 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 		d.m.observePhase("policy", time.Since(start))
 	}
 	start = time.Now()
-	if _, err := d.cfg.Agent.Attach(actx, n.PortID, agent.Attachment{NetNS: netnsPath, IfName: ifname}); err != nil {
+	if _, err := d.cfg.Agent.Attach(actx, n.PortID, attachment(rec)); err != nil {
+		notOwned = errors.Is(err, agent.ErrNotOwned)
 		return nil, d.agentError("plug port "+n.PortID, err)
 	}
 	d.m.observePhase("attach", time.Since(start))
@@ -250,8 +269,16 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	return buf.Bytes(), nil
 }
 
+// attachment is what the agent is asked to plug for a record: the pod's
+// port, which the controller must know as the watcher's port of this pod
+// UID.
+func attachment(rec *record) agent.Attachment {
+	return agent.Attachment{NetNS: rec.NetNS, IfName: rec.IfName, DeviceID: rec.PodUID, DeviceOwner: podnet.PortOwner}
+}
+
 // agentError maps an agent failure to a CNI error: the controller being
-// out of reach is 103, anything else 104.
+// out of reach is 103, a port that is not the pod's (or is held by a live
+// sandbox) 106, anything else 104.
 func (d *Daemon) agentError(what string, err error) *types.Error {
 	synced := false
 	select {
@@ -261,6 +288,9 @@ func (d *Daemon) agentError(what string, err error) *types.Error {
 	}
 	if errors.Is(err, kerrors.Unavailable) || (!synced && errors.Is(err, context.DeadlineExceeded)) {
 		return cniError(cniwire.ErrControllerUnreachable, "Kurma controller unreachable", what+": "+err.Error())
+	}
+	if errors.Is(err, agent.ErrNotOwned) {
+		return cniError(cniwire.ErrPortNotOwned, "port is not this pod's", what+": "+err.Error())
 	}
 	return cniError(cniwire.ErrPlugFailed, "plug failed", what+": "+err.Error())
 }
@@ -315,6 +345,11 @@ func (d *Daemon) del(ctx context.Context, key string) error {
 			return d.agentError("unplug port "+rec.PortID, err)
 		}
 	}
+	return d.forget(key)
+}
+
+// forget removes an attachment's record.
+func (d *Daemon) forget(key string) error {
 	if err := d.st.remove(key); err != nil {
 		return cniError(types.ErrIOFailure, "remove attachment", err.Error())
 	}

@@ -19,6 +19,13 @@ const Annotation = "kurma.dev/pod-networks"
 // announces its controller host id when it differs from the Node name.
 const HostIDAnnotation = "kurma.dev/host-id"
 
+// PortOwner is the device_owner of every port the watcher makes for a pod.
+const PortOwner = "kurma.dev/k8s-watcher"
+
+// PortID is the id of the controller port the watcher makes for the pod
+// with this UID (its device_id is the UID, its owner PortOwner).
+func PortID(podUID string) string { return "pod-" + podUID }
+
 // DefaultNetwork is the key of the pod's primary interface.
 const DefaultNetwork = "default"
 

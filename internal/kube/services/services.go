@@ -182,15 +182,6 @@ func New(cfg Config) (*Reconciler, error) {
 		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
 			return nil, kerrors.New(kerrors.Invalid, "services: lease namespace, name and identity are required")
 		}
-		if l.Duration <= 0 {
-			l.Duration = 12 * time.Second
-		}
-		if l.RenewDeadline <= 0 {
-			l.RenewDeadline = 8 * time.Second
-		}
-		if l.RetryPeriod <= 0 {
-			l.RetryPeriod = 2 * time.Second
-		}
 	}
 	r := &Reconciler{
 		cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,

@@ -19,13 +19,17 @@
 //     port.
 //
 // Shape (sample-controller style): informer handlers only enqueue keys
-// ("n/<namespace>", "p/<namespace>/<name>", "u/<pod UID>", "resync") on a
-// rate-limited work queue; a fixed number of workers sync each key by
-// level from the listers and the controller, and failures are retried
-// with exponential backoff. A full resync (at start and every
-// Config.Resync) lists the controller's ports and subnets, deletes the
-// ports whose pod UID no longer has an eligible pod, and enqueues every
-// pod and namespace, so kill -9 at any moment followed by a restart
+// ("n/<namespace>", "p/<pod UID>", "resync") on a rate-limited work
+// queue; a fixed number of workers sync each key by level from the
+// listers and the controller, and failures are retried with exponential
+// backoff. Everything done for one pod (its port made, annotated or
+// deleted) is done under its one key, so that the queue, which never
+// hands a key to two workers at once, orders a sync that read the pod
+// before its deletion before the one that sees it gone. A full resync (at
+// start and every Config.Resync) lists the controller's ports and
+// subnets once, enqueues the pods whose port or annotation is missing and
+// the UIDs of ports without an eligible pod, and the namespaces whose
+// subnet is missing or stale, so kill -9 at any moment followed by a restart
 // converges: ids are derived from UIDs, creates that find their object
 // existing adopt it, and annotations are rewritten from the port.
 //

@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, depth func() int) *metrics {
 }
 
 // keyKinds name the kinds of queued keys (their prefix before "/").
-var keyKinds = map[string]string{"p": "pod", "u": "pod_uid", "n": "namespace", resyncKey: "resync"}
+var keyKinds = map[string]string{"p": "pod", "n": "namespace", resyncKey: "resync"}
 
 func (m *metrics) observe(key string, start time.Time, err error) {
 	if m == nil {

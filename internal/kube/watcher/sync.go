@@ -29,7 +29,7 @@ func newLimiter() *rate.Limiter { return rate.NewLimiter(rate.Limit(200), 1000) 
 func everything() labels.Selector { return labels.Everything() }
 
 // PortID is the id of the port of the pod with this UID.
-func PortID(uid types.UID) string { return "pod-" + string(uid) }
+func PortID(uid types.UID) string { return podnet.PortID(string(uid)) }
 
 // SubnetID is the id of the subnet of the namespace with this UID.
 func SubnetID(uid types.UID) string { return "ns-" + string(uid) }
@@ -56,6 +56,12 @@ func annotated(p *corev1.Pod) bool {
 	return n.PodUID == string(p.UID) && n.PortID == PortID(p.UID)
 }
 
+// podKey is the one queue key of everything done for the pod with this
+// UID (its port made, annotated or deleted): the queue never syncs a key
+// on two workers at once, so a sync that read the pod before its deletion
+// is always followed by one that sees it gone.
+func podKey(uid types.UID) string { return "p/" + string(uid) }
+
 func (w *Watcher) onPod(o any) {
 	p, ok := o.(*corev1.Pod)
 	if !ok {
@@ -63,9 +69,9 @@ func (w *Watcher) onPod(o any) {
 	}
 	switch {
 	case eligible(p) && !annotated(p):
-		w.q.Add("p/" + p.Namespace + "/" + p.Name)
+		w.q.Add(podKey(p.UID))
 	case !eligible(p) && p.Spec.NodeName != "" && !p.Spec.HostNetwork:
-		w.q.Add("u/" + string(p.UID)) // finished: its port goes
+		w.q.Add(podKey(p.UID)) // finished: its port goes
 	}
 }
 
@@ -74,7 +80,7 @@ func (w *Watcher) onPodDelete(o any) {
 		o = t.Obj
 	}
 	if p, ok := o.(*corev1.Pod); ok && !p.Spec.HostNetwork {
-		w.q.Add("u/" + string(p.UID))
+		w.q.Add(podKey(p.UID))
 	}
 }
 
@@ -100,7 +106,7 @@ func (w *Watcher) onNodeUpdate(old, o any) {
 	}
 	for _, p := range pods {
 		if p.Spec.NodeName == nn.Name {
-			w.q.Add("p/" + p.Namespace + "/" + p.Name)
+			w.q.Add(podKey(p.UID))
 		}
 	}
 }
@@ -116,9 +122,6 @@ func (w *Watcher) sync(ctx context.Context, key string) error {
 	kind, rest, _ := strings.Cut(key, "/")
 	switch kind {
 	case "p":
-		ns, name, _ := strings.Cut(rest, "/")
-		return w.syncPod(ctx, ns, name)
-	case "u":
 		return w.syncUID(ctx, types.UID(rest))
 	case "n":
 		return w.syncNamespace(ctx, rest)
@@ -128,21 +131,25 @@ func (w *Watcher) sync(ctx context.Context, key string) error {
 	return nil
 }
 
-// syncPod gives an eligible pod its port and annotation.
-func (w *Watcher) syncPod(ctx context.Context, nsName, name string) error {
-	pod, err := w.pods.Pods(nsName).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil // its delete event queued its UID
-	}
+// syncUID gives the eligible pod of a UID its port and annotation, and
+// deletes the port of a UID that has no eligible pod.
+func (w *Watcher) syncUID(ctx context.Context, uid types.UID) error {
+	objs, err := w.podIdx.ByIndex(uidIndex, string(uid))
 	if err != nil {
 		return err
 	}
-	if !eligible(pod) {
-		if pod.Spec.NodeName != "" && !pod.Spec.HostNetwork {
-			return w.syncUID(ctx, pod.UID)
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok && eligible(p) {
+			return w.syncPod(ctx, p)
 		}
-		return nil
 	}
+	return w.deletePort(ctx, uid)
+}
+
+// syncPod gives an eligible pod its port and annotation. Only the sync of
+// the pod's key calls it.
+func (w *Watcher) syncPod(ctx context.Context, pod *corev1.Pod) error {
+	nsName, name := pod.Namespace, pod.Name
 	ns, err := w.nss.Get(nsName)
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: namespace: %w", nsName, name, err)
@@ -159,6 +166,11 @@ func (w *Watcher) syncPod(ctx context.Context, nsName, name string) error {
 		host = hostIDOf(node)
 	}
 	port, err := w.ensurePort(ctx, pod, sn, host)
+	if errors.Is(err, kerrors.NotFound) {
+		// The subnet went other than by its namespace's deletion: make
+		// it again on the retry.
+		w.forgetSubnet(sn.ID)
+	}
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: %w", nsName, name, err)
 	}
@@ -270,19 +282,34 @@ func (w *Watcher) patchAnnotation(ctx context.Context, pod *corev1.Pod, val stri
 	return nil
 }
 
-// syncUID deletes the port of a pod UID unless an eligible pod still has
-// that UID.
-func (w *Watcher) syncUID(ctx context.Context, uid types.UID) error {
+// liveUID reports whether an eligible pod has this UID.
+func (w *Watcher) liveUID(uid types.UID) (bool, error) {
 	objs, err := w.podIdx.ByIndex(uidIndex, string(uid))
 	if err != nil {
-		return err
+		return false, err
 	}
 	for _, o := range objs {
 		if p, ok := o.(*corev1.Pod); ok && eligible(p) {
-			return nil
+			return true, nil
 		}
 	}
-	err = w.c.DeletePort(ctx, w.cfg.Project, PortID(uid))
+	return false, nil
+}
+
+// collectUID deletes the port of a pod UID unless an eligible pod still
+// has that UID. (A sync of the pod's key that raced with this, having
+// read the pod before it went, is followed by the sync its delete event
+// queued.)
+func (w *Watcher) collectUID(ctx context.Context, uid types.UID) error {
+	if live, err := w.liveUID(uid); err != nil || live {
+		return err
+	}
+	return w.deletePort(ctx, uid)
+}
+
+// deletePort deletes the port of a pod UID; a missing port is success.
+func (w *Watcher) deletePort(ctx context.Context, uid types.UID) error {
+	err := w.c.DeletePort(ctx, w.cfg.Project, PortID(uid))
 	if err == nil {
 		w.log.Debug("port deleted", "port", PortID(uid))
 	}
@@ -378,15 +405,20 @@ func (w *Watcher) syncNamespace(ctx context.Context, name string) error {
 		default:
 			return fmt.Errorf("namespace %s: delete subnet %s: %w", name, s.ID, err)
 		}
-		w.mu.Lock()
-		for uid, c := range w.subnets {
-			if c.ID == s.ID {
-				delete(w.subnets, uid)
-			}
-		}
-		w.mu.Unlock()
+		w.forgetSubnet(s.ID)
 	}
 	return busy // retried with backoff until the pods are gone
+}
+
+// forgetSubnet drops a subnet from the cache.
+func (w *Watcher) forgetSubnet(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for uid, c := range w.subnets {
+		if c.ID == id {
+			delete(w.subnets, uid)
+		}
+	}
 }
 
 // collectPorts deletes the watcher's ports in a subnet (all subnets when
@@ -400,7 +432,7 @@ func (w *Watcher) collectPorts(ctx context.Context, subnetID string) error {
 		if p.DeviceOwner != Owner || p.ID != PortID(types.UID(p.DeviceID)) {
 			continue
 		}
-		if err := w.syncUID(ctx, types.UID(p.DeviceID)); err != nil {
+		if err := w.collectUID(ctx, types.UID(p.DeviceID)); err != nil {
 			return err
 		}
 	}
@@ -421,8 +453,12 @@ func (w *Watcher) resync(ctx context.Context) error {
 			continue
 		}
 		have[p.ID] = true
-		if err := w.syncUID(ctx, types.UID(p.DeviceID)); err != nil {
+		live, err := w.liveUID(types.UID(p.DeviceID))
+		if err != nil {
 			return err
+		}
+		if !live {
+			w.q.Add(podKey(types.UID(p.DeviceID))) // its pod is gone
 		}
 	}
 	pods, err := w.pods.List(everything())
@@ -431,25 +467,43 @@ func (w *Watcher) resync(ctx context.Context) error {
 	}
 	for _, p := range pods {
 		if eligible(p) && (!annotated(p) || !have[PortID(p.UID)]) {
-			w.q.Add("p/" + p.Namespace + "/" + p.Name)
+			w.q.Add(podKey(p.UID))
 		}
 	}
-	nss, err := w.nss.List(everything())
-	if err != nil {
-		return err
-	}
-	seen := map[string]bool{}
-	for _, n := range nss {
-		seen[n.Name] = true
-		w.q.Add("n/" + n.Name)
-	}
+	// Subnets are listed once here; only the namespaces whose subnet is
+	// missing, or that have a stale one, are synced (each such sync lists
+	// them again).
 	subs, err := w.c.ListSubnets(ctx, w.cfg.Project, w.cfg.VPC)
 	if err != nil {
 		return fmt.Errorf("resync: list subnets: %w", err)
 	}
+	exists := map[string]bool{}
 	for _, s := range subs {
-		if strings.HasPrefix(s.ID, "ns-") && !seen[s.Name] {
-			w.q.Add("n/" + s.Name)
+		exists[s.ID] = true
+	}
+	w.mu.Lock()
+	for uid, c := range w.subnets {
+		if !exists[c.ID] {
+			delete(w.subnets, uid) // removed other than by its namespace's deletion
+		}
+	}
+	w.mu.Unlock()
+	nss, err := w.nss.List(everything())
+	if err != nil {
+		return err
+	}
+	live := map[string]string{} // namespace name -> its subnet id
+	for _, n := range nss {
+		if n.DeletionTimestamp == nil {
+			live[n.Name] = SubnetID(n.UID)
+		}
+		if n.DeletionTimestamp != nil || !exists[SubnetID(n.UID)] {
+			w.q.Add("n/" + n.Name)
+		}
+	}
+	for _, s := range subs {
+		if strings.HasPrefix(s.ID, "ns-") && live[s.Name] != s.ID {
+			w.q.Add("n/" + s.Name) // of a namespace that is gone or was replaced
 		}
 	}
 	return nil

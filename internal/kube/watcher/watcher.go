@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"kurma.dev/kurma/internal/kube/leader"
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
@@ -69,10 +71,13 @@ type Config struct {
 	// (docs/kubernetes.md).
 	Metrics prometheus.Registerer
 	Logger  *slog.Logger
+	// FullPods caches whole Pod objects instead of the compact ones
+	// (compactPod): for the benchmark of the cache's size only.
+	FullPods bool
 }
 
 // Owner is the device_owner of every port the watcher creates.
-const Owner = "kurma.dev/k8s-watcher"
+const Owner = podnet.PortOwner
 
 // Watcher keeps controller objects in step with the cluster. Build it
 // with New and call Run once.
@@ -133,15 +138,6 @@ func New(cfg Config) (*Watcher, error) {
 		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
 			return nil, kerrors.New(kerrors.Invalid, "watcher: lease namespace, name and identity are required")
 		}
-		if l.Duration <= 0 {
-			l.Duration = 12 * time.Second
-		}
-		if l.RenewDeadline <= 0 {
-			l.RenewDeadline = 8 * time.Second
-		}
-		if l.RetryPeriod <= 0 {
-			l.RetryPeriod = 2 * time.Second
-		}
 	}
 	w := &Watcher{
 		cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
@@ -157,6 +153,11 @@ func New(cfg Config) (*Watcher, error) {
 	// No informer resync: the watcher's own full resync covers drift.
 	w.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
 	podInf := w.factory.Core().V1().Pods()
+	if !cfg.FullPods {
+		if err := podInf.Informer().SetTransform(compactPod); err != nil {
+			return nil, fmt.Errorf("watcher: %w", err)
+		}
+	}
 	if err := podInf.Informer().AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		if p, ok := obj.(*corev1.Pod); ok {
 			return []string{string(p.UID)}, nil
@@ -191,6 +192,29 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, fmt.Errorf("watcher: %w", err)
 	}
 	return w, nil
+}
+
+// compactPod is the pod informer's transform: the cache holds every pod
+// of the cluster, and the watcher reads only its identity, node, host
+// network, phase and the kurma.dev/pod-networks annotation; the rest
+// (containers, status, managed fields, labels, other annotations) is
+// several times larger. Nothing writes a cached pod back whole (the
+// annotation goes out as a patch). Idempotent.
+func compactPod(o any) (any, error) {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return o, nil
+	}
+	c := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID,
+			ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{Phase: p.Status.Phase},
+	}
+	if v, ok := p.Annotations[podnet.Annotation]; ok {
+		c.Annotations = map[string]string{podnet.Annotation: v}
+	}
+	return c, nil
 }
 
 // Run starts the informers, waits for their caches, and (as leader, when
