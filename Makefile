@@ -178,8 +178,8 @@ test: test-deps build conformance-images
 	KURMA_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' ./... >/dev/null
 	KURMA_BIN_DIR=$(BIN) $(GO) test $(GO_TEST_FLAGS) $$($(GO) list ./... | grep -vxF $(HOST_PKGS:%=-e %))
 	KURMA_BIN_DIR=$(BIN) $(GO) test -p 1 $(GO_TEST_FLAGS) $(HOST_PKGS)
-	@if [ "$(HOSTCHECK)" != 0 ]; then $(GO) run ./test/hostsnap check $(HOSTSNAP); fi
 	@$(MAKE) --no-print-directory test-race
+	@if [ "$(HOSTCHECK)" != 0 ]; then $(GO) run ./test/hostsnap check $(HOSTSNAP); fi
 
 # The Kubernetes, controller and agent packages and pkg/ under the race
 # detector (cgo: gcc and libc6-dev come with test-deps). -short skips the
