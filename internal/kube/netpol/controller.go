@@ -48,6 +48,9 @@ type Controller struct {
 	fac  informers.SharedInformerFactory
 	m    *metrics
 	kick chan struct{}
+	// synced reports, per watch, that its handler has seen the initial
+	// list.
+	synced []cache.InformerSynced
 
 	mu         sync.Mutex // guards everything below
 	eng        *Engine
@@ -113,7 +116,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	for _, h := range handlers {
 		set, del := h.set, h.del
-		if _, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { c.event(func() { set(o) }) },
 			UpdateFunc: func(_, o any) { c.event(func() { set(o) }) },
 			DeleteFunc: func(o any) {
@@ -122,9 +125,11 @@ func New(cfg Config) (*Controller, error) {
 				}
 				c.event(func() { del(o) })
 			},
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, fmt.Errorf("netpol: %w", err)
 		}
+		c.synced = append(c.synced, reg.HasSynced)
 	}
 	return c, nil
 }
@@ -176,10 +181,10 @@ func (c *Controller) event(f func()) {
 func (c *Controller) Run(ctx context.Context) error {
 	c.fac.Start(ctx.Done())
 	defer c.fac.Shutdown()
-	for typ, ok := range c.fac.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("netpol: %v watch did not sync: %w", typ, context.Cause(ctx))
-		}
+	// The handlers' own sync, not only the caches': the first full sync
+	// must see every object the initial lists returned.
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("netpol: watches did not sync: %w", context.Cause(ctx))
 	}
 	c.mu.Lock()
 	c.needFull = true

@@ -2,6 +2,7 @@ package netpol
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -115,5 +117,42 @@ func waitFor(t *testing.T, what string, f func() bool) {
 			t.Fatalf("%s: timed out", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFirstSyncSeesEverything: the first full sync (which readies
+// WaitPod) holds every object of the initial lists, not only those the
+// handlers had delivered when the caches synced.
+func TestFirstSyncSeesEverything(t *testing.T) {
+	var objs []runtime.Object
+	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+	for i := range 500 {
+		objs = append(objs, kpod("a", fmt.Sprintf("p%d", i), node, fmt.Sprintf("10.0.%d.%d", i/200, i%200+1), map[string]string{"app": "web"}))
+	}
+	objs = append(objs, pol("a", "deny", sel(), networkingv1.NetworkPolicySpec{}))
+	dp := &fakeDP{state: map[string]*Rules{}}
+	c, err := New(Config{Kube: fake.NewClientset(objs...), NodeName: node, Datapath: dp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := c.WaitPod(wctx, "a", "p0", netip.MustParseAddr("10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	isolated := 0
+	for _, r := range dp.state {
+		if r.Ingress.Isolated {
+			isolated++
+		}
+	}
+	if len(dp.state) != 500 || isolated != 500 {
+		t.Fatalf("first sync: %d pods, %d isolated; want 500, 500", len(dp.state), isolated)
 	}
 }
