@@ -30,7 +30,8 @@
 //
 // Pod-to-pod traffic on one bridge is seen by the inet forward hook
 // because the kernel's bridge netfilter (net.bridge.bridge-nf-call-iptables,
-// which New turns on) passes bridged IPv4 through it; routed traffic
+// which New turns on; without br_netfilter it warns, and same-bridge
+// traffic is not filtered) passes bridged IPv4 through it; routed traffic
 // (clusterIP after DNAT, other subnets, the outside) passes it anyway.
 // Traffic the node itself sends or receives (kubelet probes, host network
 // pods) uses the output and input hooks and is not filtered: the node's

@@ -84,10 +84,15 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		return nil, fmt.Errorf("policypath: nftables netlink: %w", err)
 	}
 	err = p.inHost(func() error {
-		if err := os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-iptables", []byte("1"), 0o644); err != nil {
+		err := os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-iptables", []byte("1"), 0o644)
+		if errors.Is(err, os.ErrNotExist) {
+			// No bridge netfilter (br_netfilter is not loaded, and an
+			// agent cannot load modules): routed traffic is still
+			// filtered; pod-to-pod traffic within one bridge is not.
+			p.log.Warn("bridge netfilter unavailable (load br_netfilter): NetworkPolicy does not apply between pods of one subnet on one node")
+		} else if err != nil {
 			return fmt.Errorf("bridge netfilter: %w", err)
 		}
-		var err error
 		p.nft, err = knftables.New(knftables.InetFamily, cfg.Table)
 		return err
 	})
