@@ -3,7 +3,7 @@
 # (make conformance-images), into $BIN/images:
 #   conformance-agnhost.tar  agnhost (Entrypoint /agnhost, Cmd pause) with
 #     /localhost.crt and /localhost.key from agnhost's source tree, and the
-#     tools the specs exec inside it (nc, dig, nslookup, curl, getent, seq,
+#     tools the specs exec inside it (nc, dig, nslookup, curl, wget, getent, seq,
 #     awk, ...) from Debian packages fetched with `apt-get download` and
 #     unpacked (never installed on the host); dash is /bin/sh, since a
 #     busybox shell's built-ins would shadow the real nc and nslookup. One
@@ -17,7 +17,7 @@ CACHE_ROOT=${CACHE_ROOT:-/var/cache/kurma-build}
 cd "$(dirname "$0")/.."
 mkdir -p "$BIN/images" "$CACHE_ROOT"
 
-PKGS="dash netcat-openbsd bind9-dnsutils curl libc-bin coreutils grep mawk sed hostname findutils iproute2"
+PKGS="dash netcat-openbsd bind9-dnsutils curl wget libc-bin coreutils grep mawk sed hostname findutils iproute2"
 AGNHOST_NAMES="registry.k8s.io/e2e-test-images/agnhost:2.66.1 registry.k8s.io/e2e-test-images/agnhost:2.55
 registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1 registry.k8s.io/e2e-test-images/busybox:1.37.0-2
 registry.k8s.io/e2e-test-images/nginx:1.27.0-2 registry.k8s.io/e2e-test-images/nginx:1.28.0-2
