@@ -9,7 +9,8 @@
 #     busybox shell's built-ins would shadow the real nc and nslookup. One
 #     image under every name the sig-network specs ask for
 #     (test/utils/image/manifest.go at v1.37.1).
-#   conformance-coredns.tar  the trimmed CoreDNS of hack/coredns.
+#   conformance-coredns.tar  the trimmed CoreDNS of hack/coredns (also
+#     /coredns in the agnhost image, as upstream's agnhost has it).
 # The Debian packages are cached under $CACHE_ROOT keyed by their versions.
 set -euo pipefail
 BIN=${1:?bin dir}
@@ -62,6 +63,9 @@ mkdir -p "$root/etc" "$root/tmp" "$root/results"
 chmod 1777 "$root/tmp"
 src=$(cd hack/e2e && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/porter
 cp "$BIN/e2e/agnhost" "$root/agnhost"
+# The DNS specs run their own DNS server pods from this image as /coredns
+# (a Corefile with the hosts plugin).
+cp "$BIN/coredns/coredns" "$root/coredns"
 cp "$src/localhost.crt" "$src/localhost.key" "$root/"
 "$BIN/mkimage" -o "$BIN/images/conformance-agnhost.tar" -root "$root" \
   -tag "$(echo $AGNHOST_NAMES | tr ' ' ',')" -entrypoint /agnhost -cmd pause
