@@ -125,11 +125,13 @@ conformance-images: binaries e2e coredns
 # kube-proxy) and the kube-proxy (nftables) + bridge + portmap peer in the
 # same run (test/conformance). CONFORMANCE_SET=conformance (the 47
 # [Conformance] specs) or network (all of [sig-network] but [Feature:...],
-# [Disruptive] and cloud-only specs); CONFORMANCE_PEERS=kurma,kube-proxy.
+# [Disruptive] and cloud-only specs); CONFORMANCE_PEERS=kurma,kube-proxy;
+# CONFORMANCE_FOCUS=<regexp> reruns some specs (reports under <set>-focus).
 CONFORMANCE_SET ?= conformance
 CONFORMANCE_PEERS ?= kurma,kube-proxy
 conformance: test-deps build conformance-images
 	KURMA_BIN_DIR=$(BIN) KURMA_CONFORMANCE_SET=$(CONFORMANCE_SET) KURMA_CONFORMANCE_PEERS=$(CONFORMANCE_PEERS) \
+	  KURMA_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
 	  $(GO) test -count=1 -timeout 4h -v -run '^TestUpstream$$' ./test/conformance 2>&1 | tee $(BIN)/conformance-$(CONFORMANCE_SET).log; exit $${PIPESTATUS[0]}
 
 # Images built from this repo's programs (see hack/build-images.sh).

@@ -3,13 +3,14 @@
 # (make conformance-images), into $BIN/images:
 #   conformance-agnhost.tar  agnhost (Entrypoint /agnhost, Cmd pause) with
 #     /localhost.crt and /localhost.key from agnhost's source tree, and the
-#     tools the specs exec inside it (nc, dig, nslookup, curl, getent, seq,
+#     tools the specs exec inside it (nc, dig, nslookup, curl, wget, getent, seq,
 #     awk, ...) from Debian packages fetched with `apt-get download` and
 #     unpacked (never installed on the host); dash is /bin/sh, since a
 #     busybox shell's built-ins would shadow the real nc and nslookup. One
 #     image under every name the sig-network specs ask for
 #     (test/utils/image/manifest.go at v1.37.1).
-#   conformance-coredns.tar  the trimmed CoreDNS of hack/coredns.
+#   conformance-coredns.tar  the trimmed CoreDNS of hack/coredns (also
+#     /coredns in the agnhost image, as upstream's agnhost has it).
 # The Debian packages are cached under $CACHE_ROOT keyed by their versions.
 set -euo pipefail
 BIN=${1:?bin dir}
@@ -17,7 +18,7 @@ CACHE_ROOT=${CACHE_ROOT:-/var/cache/kurma-build}
 cd "$(dirname "$0")/.."
 mkdir -p "$BIN/images" "$CACHE_ROOT"
 
-PKGS="dash netcat-openbsd bind9-dnsutils curl libc-bin coreutils grep mawk sed hostname findutils iproute2"
+PKGS="dash netcat-openbsd bind9-dnsutils curl wget libc-bin coreutils grep mawk sed hostname findutils iproute2"
 AGNHOST_NAMES="registry.k8s.io/e2e-test-images/agnhost:2.66.1 registry.k8s.io/e2e-test-images/agnhost:2.55
 registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1 registry.k8s.io/e2e-test-images/busybox:1.37.0-2
 registry.k8s.io/e2e-test-images/nginx:1.27.0-2 registry.k8s.io/e2e-test-images/nginx:1.28.0-2
@@ -62,6 +63,9 @@ mkdir -p "$root/etc" "$root/tmp" "$root/results"
 chmod 1777 "$root/tmp"
 src=$(cd hack/e2e && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/porter
 cp "$BIN/e2e/agnhost" "$root/agnhost"
+# The DNS specs run their own DNS server pods from this image as /coredns
+# (a Corefile with the hosts plugin).
+cp "$BIN/coredns/coredns" "$root/coredns"
 cp "$src/localhost.crt" "$src/localhost.key" "$root/"
 "$BIN/mkimage" -o "$BIN/images/conformance-agnhost.tar" -root "$root" \
   -tag "$(echo $AGNHOST_NAMES | tr ' ' ',')" -entrypoint /agnhost -cmd pause

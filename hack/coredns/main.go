@@ -1,6 +1,7 @@
-// Command coredns is CoreDNS with only the plugins the conformance cluster's
-// kube-dns uses (test/conformance writes its Corefile). It runs as pods behind
-// the kube-dns Service, which Kurma serves.
+// Command coredns is CoreDNS with only the plugins the conformance cluster
+// needs: its kube-dns (kubecluster.DeployCoreDNS writes the Corefile; pods
+// behind the kube-dns Service, which Kurma serves) and the DNS specs' own
+// servers (hosts).
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/forward"
 	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/hosts"
 	_ "github.com/coredns/coredns/plugin/kubernetes"
 	_ "github.com/coredns/coredns/plugin/log"
 	_ "github.com/coredns/coredns/plugin/ready"
@@ -21,7 +23,7 @@ import (
 
 // directives is the execution order of the plugins above, as CoreDNS's own
 // full list orders them.
-var directives = []string{"ready", "health", "errors", "log", "cache", "kubernetes", "forward"}
+var directives = []string{"ready", "health", "errors", "log", "cache", "hosts", "kubernetes", "forward"}
 
 func main() {
 	if err := dnsserver.SetDirectives(directives); err != nil {

@@ -47,11 +47,27 @@ type wanted struct {
 	Warnings []string
 }
 
+// Labels that hand a Service to another proxy, or mark it headless: as
+// kube-proxy, the watcher serves no Service that carries either, whatever
+// its value (the upstream specs "should implement
+// service.kubernetes.io/service-proxy-name" and ".../headless").
+const (
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	LabelHeadless         = "service.kubernetes.io/headless"
+)
+
 // clusterIP returns the Service's clusterIP that lies in svcCIDR, or an
 // invalid address when it has none (headless, ExternalName, another
-// family, outside the range).
+// family, outside the range) or is not ours to serve (LabelServiceProxyName,
+// LabelHeadless).
 func clusterIP(svc *corev1.Service, svcCIDR netip.Prefix) netip.Addr {
 	if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return netip.Addr{}
+	}
+	if _, ok := svc.Labels[LabelServiceProxyName]; ok {
+		return netip.Addr{}
+	}
+	if _, ok := svc.Labels[LabelHeadless]; ok {
 		return netip.Addr{}
 	}
 	ips := svc.Spec.ClusterIPs

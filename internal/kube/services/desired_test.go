@@ -85,6 +85,10 @@ func TestDesired(t *testing.T) {
 	clusterOnly := svcOf("10.96.0.42", sp("", corev1.ProtocolTCP, 80, intstr.FromInt32(80)))
 	clusterOnly.Spec.Ports[0].NodePort = 30099 // not a NodePort Service: ignored
 	clusterOnly.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	otherProxy := svcOf("10.96.0.43", sp("", corev1.ProtocolTCP, 80, intstr.FromInt32(80)))
+	otherProxy.Labels = map[string]string{LabelServiceProxyName: "foo-bar"}
+	labelledHeadless := svcOf("10.96.0.44", sp("", corev1.ProtocolTCP, 80, intstr.FromInt32(80)))
+	labelledHeadless.Labels = map[string]string{LabelHeadless: ""}
 
 	tests := []struct {
 		name   string
@@ -95,6 +99,8 @@ func TestDesired(t *testing.T) {
 	}{
 		{name: "headless", svc: svcOf("None", sp("", "", 80, intstr.FromInt32(80)))},
 		{name: "external name", svc: external},
+		{name: "another proxy's (service-proxy-name label)", svc: otherProxy},
+		{name: "headless label", svc: labelledHeadless},
 		{name: "outside the service range", svc: svcOf("10.97.0.1", sp("", "", 80, intstr.FromInt32(80)))},
 		{
 			name: "no slices: numeric target, no members",

@@ -60,6 +60,9 @@ type svcObj struct {
 	etp         corev1.ServiceExternalTrafficPolicy
 	itp         *corev1.ServiceInternalTrafficPolicy
 	hcNodePort  int32
+	// proxyLabels are the labels that take a Service from us
+	// (LabelServiceProxyName, LabelHeadless), nil when it has none.
+	proxyLabels map[string]string
 }
 
 // sliceObj is the cached record of an EndpointSlice.
@@ -124,6 +127,14 @@ func compactService(obj any) (any, error) {
 		affinity: intern(sp.SessionAffinity, affinities), lbClass: sp.LoadBalancerClass, lbIP: sp.LoadBalancerIP,
 		externalIPs: sp.ExternalIPs, etp: intern(sp.ExternalTrafficPolicy, etps), itp: sp.InternalTrafficPolicy,
 		hcNodePort: sp.HealthCheckNodePort}
+	for _, l := range []string{LabelServiceProxyName, LabelHeadless} {
+		if v, ok := s.Labels[l]; ok {
+			if o.proxyLabels == nil {
+				o.proxyLabels = map[string]string{}
+			}
+			o.proxyLabels[l] = v
+		}
+	}
 	if len(s.Status.LoadBalancer.Ingress) > 0 || len(s.Status.Conditions) > 0 {
 		st := s.Status // a copy: a pointer into s would keep all of s
 		o.status = &st
@@ -154,6 +165,7 @@ func (o *svcObj) service() *corev1.Service {
 	if o.status != nil {
 		s.Status = *o.status
 	}
+	s.Labels = o.proxyLabels
 	if o.affTimeout != nil {
 		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: o.affTimeout}}
 	}

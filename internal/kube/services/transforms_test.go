@@ -1,6 +1,7 @@
 package services
 
 import (
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -56,6 +57,22 @@ func TestCompactRecords(t *testing.T) {
 	so := o.(*svcObj)
 	if again, _ := compactService(so); again != so {
 		t.Fatal("the Service transform changed a record")
+	}
+	// The labels that hand a Service to another proxy survive the
+	// transform (and take it from us); others do not.
+	if so.proxyLabels != nil {
+		t.Fatalf("labels kept: %v", so.proxyLabels)
+	}
+	for _, l := range []string{LabelServiceProxyName, LabelHeadless} {
+		ls, _ := full()
+		ls.Labels = map[string]string{"app": "web", l: "foo-bar"}
+		lo, _ := compactService(ls)
+		if got := lo.(*svcObj).service().Labels; len(got) != 1 || got[l] != "foo-bar" {
+			t.Fatalf("%s: labels after the transform %v", l, got)
+		}
+		if w := desired(lo.(*svcObj).service(), nil, netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.32.0.0/16"), nil); w != nil {
+			t.Fatalf("%s: a Service with the label is served: %+v", l, w)
+		}
 	}
 	if k, err := cache.MetaNamespaceKeyFunc(so); err != nil || k != "ns/web" {
 		t.Fatalf("store key %q, %v; want ns/web", k, err)
