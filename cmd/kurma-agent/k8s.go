@@ -1,7 +1,8 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,38 +10,51 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"kurma.dev/kurma/internal/agent"
+	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/kube/cnid"
+	"kurma.dev/kurma/internal/kube/cniwire"
+	"kurma.dev/kurma/internal/kube/netpol"
 )
 
 type k8sOpts struct {
 	node, kubeconfig, socket, hostID, stateDir string
 	timeout                                    time.Duration
 	binDir, confDir                            string
+	portmap                                    bool
 	metrics                                    prometheus.Registerer
+	policy                                     cnid.PolicyGate // nil: no NetworkPolicy
 }
 
 // newCNID builds the CNI daemon of Kubernetes mode, installing the shim
 // and its conflist first when asked (as a DaemonSet does on each node).
-func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) {
+func newCNID(o k8sOpts, kc kubernetes.Interface, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) {
 	if o.binDir != "" {
 		if err := installShim(o.binDir); err != nil {
 			return nil, err
 		}
 	}
 	if o.confDir != "" {
-		if err := installConf(o.confDir, o.socket); err != nil {
+		if err := installConf(o.confDir, o.socket, o.portmap); err != nil {
 			return nil, err
 		}
 	}
+	return cnid.New(cnid.Config{Kube: kc, NodeName: o.node, HostID: o.hostID, Agent: a, Socket: o.socket,
+		StateDir: o.stateDir, AnnotationTimeout: o.timeout, Logger: log, Metrics: o.metrics, Policy: o.policy})
+}
+
+// kubeClient is the client of Kubernetes mode: from kubeconfig, else the
+// in-cluster config.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	} else {
 		rc, err = rest.InClusterConfig()
 	}
@@ -48,12 +62,37 @@ func newCNID(o k8sOpts, a *agent.Agent, log *slog.Logger) (*cnid.Daemon, error) 
 		return nil, fmt.Errorf("kubernetes config: %w", err)
 	}
 	rc.QPS, rc.Burst = 50, 100
-	kc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
+	return kubernetes.NewForConfig(rc)
+}
+
+// policyPath adapts the agent's policypath to the netpol engine's rules.
+type policyPath struct{ p *policypath.Path }
+
+func (pp policyPath) Apply(ctx context.Context, ch map[string]*netpol.Rules) error {
+	return pp.p.Apply(ctx, convertRules(ch))
+}
+
+func (pp policyPath) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
+	return pp.p.Sync(ctx, convertRules(all))
+}
+
+func convertRules(in map[string]*netpol.Rules) map[string]*policypath.Pod {
+	out := make(map[string]*policypath.Pod, len(in))
+	dir := func(d netpol.Dir) policypath.Dir {
+		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, len(d.Allow))}
+		for i, a := range d.Allow {
+			o.Allow[i] = policypath.Allow{PeerLo: a.PeerLo, PeerHi: a.PeerHi, Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi}
+		}
+		return o
 	}
-	return cnid.New(cnid.Config{Kube: kc, NodeName: o.node, HostID: o.hostID, Agent: a, Socket: o.socket,
-		StateDir: o.stateDir, AnnotationTimeout: o.timeout, Logger: log, Metrics: o.metrics})
+	for k, r := range in {
+		if r == nil {
+			out[k] = nil
+			continue
+		}
+		out[k] = &policypath.Pod{IP: r.IP, Ingress: dir(r.Ingress), Egress: dir(r.Egress)}
+	}
+	return out
 }
 
 // installShim copies the kurma-k8s binary that sits next to this one into
@@ -63,37 +102,94 @@ func installShim(dir string) error {
 	if err != nil {
 		return fmt.Errorf("install shim: %w", err)
 	}
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(self), "kurma-k8s"))
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(self), shimName))
 	if err != nil {
 		return fmt.Errorf("install shim: %w", err)
 	}
-	return writeAtomic(filepath.Join(dir, "kurma-k8s"), b, 0o755)
+	return writeAtomic(filepath.Join(dir, shimName), b, 0o755, "")
 }
 
-// installConf writes the conflist that makes kurma-k8s the node's CNI.
-// Its version is 1.0.0: containerd 1.6 (Debian 12's) rejects 1.1.0
-// results; the driver answers in the config's version.
-func installConf(dir, socket string) error {
-	b, err := json.MarshalIndent(map[string]any{
-		"cniVersion": "1.0.0", "name": "kurma",
-		"plugins": []any{map[string]any{"type": "kurma-k8s", "socket": socket}},
-	}, "", "  ")
-	if err != nil {
+// Names of what Kubernetes mode installs on the node.
+const (
+	shimName = "kurma-k8s"
+	confName = "10-kurma.conflist"
+)
+
+// installConf writes the conflist that makes kurma-k8s the node's CNI
+// (with portmap chained for hostPort when asked), staged outside the
+// watched folder (see writeAtomic), then makes the runtime reload it.
+func installConf(dir, socket string, portmap bool) error {
+	if err := writeAtomic(filepath.Join(dir, confName), cniwire.ConfList(socket, portmap), 0o644, filepath.Dir(filepath.Clean(dir))); err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(dir, "10-kurma.conflist"), append(b, '\n'), 0o644)
+	return pokeDir(dir)
 }
 
-func writeAtomic(path string, b []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// pokeDir makes a runtime that watches dir reload it: containerd 1.6
+// ignores Create events (a file renamed in is one) and reloads on Write,
+// Rename and Remove, so an empty hidden file is made and removed. No
+// runtime loads it (not a .conf, .conflist or .json name), and no event
+// shows a partial conflist.
+func pokeDir(dir string) error {
+	p := filepath.Join(dir, ".kurma-reload")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	_ = f.Close()
+	if err := os.Remove(p); err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	return nil
+}
+
+// writeAtomic writes b to path through a temporary file renamed over it,
+// so that a reader sees the old file or the new one, never a part. The
+// temporary file lives in tmpDir ("": path's own folder). A CNI
+// configuration folder is watched by the runtime, which logs an error for
+// every file it cannot parse there: conflists are staged in its parent
+// folder (same mount, as the DaemonSet mounts /etc/cni), or, when that is
+// another file system, in a hidden subfolder.
+func writeAtomic(path string, b []byte, mode os.FileMode, tmpDir string) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("install %s: %w", path, err)
 	}
-	tmp := path + ".kurma-tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return fmt.Errorf("install %s: %w", path, err)
+	if tmpDir == "" {
+		tmpDir = dir
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	err := stageRename(path, b, mode, tmpDir)
+	if errors.Is(err, unix.EXDEV) || errors.Is(err, os.ErrPermission) {
+		hidden := filepath.Join(dir, ".kurma-staging")
+		if err = os.MkdirAll(hidden, 0o700); err == nil {
+			err = stageRename(path, b, mode, hidden)
+			_ = os.Remove(hidden)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("install %s: %w", path, err)
 	}
 	return nil
+}
+
+func stageRename(path string, b []byte, mode os.FileMode, tmpDir string) error {
+	f, err := os.CreateTemp(tmpDir, "."+filepath.Base(path)+".kurma-tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, mode)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }

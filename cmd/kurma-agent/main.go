@@ -5,7 +5,8 @@
 //
 // It exits 0 on SIGTERM/SIGINT, leaving every port in place: a restarted
 // agent adopts them. One agent per host: a lock file in --state-dir
-// refuses a second one.
+// refuses a second one. With --uninstall it removes what an agent left on
+// the host instead (uninstall.go) and exits.
 package main
 
 import (
@@ -28,9 +29,12 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
+	"kurma.dev/kurma/internal/kube/cnid"
 	"kurma.dev/kurma/internal/kube/cniwire"
+	"kurma.dev/kurma/internal/kube/netpol"
 	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -54,7 +58,7 @@ func run() error {
 		hostID        = flag.String("host-id", "", "this host's id (binding:host_id of its ports); default the hostname")
 		underlayIP    = flag.String("underlay-ip", "", "this host's VXLAN endpoint address (required)")
 		underlayDev   = flag.String("underlay-dev", "", "device carrying VXLAN traffic (optional)")
-		stateDir      = flag.String("state-dir", "/var/lib/kurma-agent", "directory for the agent's lock file")
+		stateDir      = flag.String("state-dir", "/var/lib/kurma-agent", "directory of the agent's lock file and, in Kubernetes mode, its attachment records (k8s/): keep it across restarts, a restarted agent keeps its pods plugged from those records")
 		prefix        = flag.String("link-prefix", "ka", "prefix of every link the agent creates (1-5 characters)")
 		nftTable      = flag.String("nft-table", "kurma-agent", "name of the agent's nftables inet table")
 		mtu           = flag.Int("mtu", 0, "MTU of pod interfaces (default: underlay MTU - 50)")
@@ -79,6 +83,11 @@ func run() error {
 		k8sTimeout    = flag.Duration("k8s-annotation-timeout", 10*time.Second, "Kubernetes mode: how long an ADD waits for the pod's annotation")
 		k8sBinDir     = flag.String("k8s-install-cni-bin-dir", "", "Kubernetes mode: install the kurma-k8s shim (found next to this binary) into this directory")
 		k8sConfDir    = flag.String("k8s-install-cni-conf-dir", "", "Kubernetes mode: write the kurma conflist into this directory")
+		k8sPortmap    = flag.Bool("k8s-cni-portmap", false, "Kubernetes mode: chain the upstream portmap plugin (nftables backend, installed by the operator next to kurma-k8s) after kurma-k8s in the installed conflist, for hostPort")
+		netPolicy     = flag.Bool("network-policy", true, "Kubernetes mode: enforce NetworkPolicy for this node's pods (a pod is plugged only once its rules are in place)")
+		uninstall     = flag.Bool("uninstall", false, "remove what agents left on this host (links and routes they made, the --nft-table and --lb-nft-table tables, the shim and conflist of --k8s-install-cni-bin-dir and --k8s-install-cni-conf-dir, --state-dir) and exit; run it after the agent is gone")
+		uninstallDirs = flag.String("uninstall-remove", "", "with --uninstall: comma-separated folders also emptied (e.g. the controller's bbolt folder, the CNI socket folder)")
+		uninstallWait = flag.Bool("uninstall-wait", false, "with --uninstall: once done, wait for SIGTERM instead of exiting (a DaemonSet's pod)")
 	)
 	gcPercent := gcflag.Register(flag.CommandLine)
 	niceness := flag.Int("nice", 0, "CPU priority of the agent (nice value, -20 to 19; 0: as started). A negative value keeps "+
@@ -95,6 +104,27 @@ func run() error {
 		return err
 	}
 	log.Info("go gc target", "gc_percent", gc, "from", gcFrom)
+	if *uninstall {
+		if *lbTable == "" {
+			*lbTable = *nftTable
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		o := uninstallOpts{owner: "kurma-agent", nftTables: []string{*nftTable, *lbTable},
+			routeProtocol: lbpath.DefaultRouteProtocol, stateDir: *stateDir, binDir: *k8sBinDir, confDir: *k8sConfDir}
+		for _, d := range strings.Split(*uninstallDirs, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				o.extraDirs = append(o.extraDirs, d)
+			}
+		}
+		if err := uninstallHost(ctx, o, log); err != nil {
+			return err
+		}
+		if *uninstallWait {
+			<-ctx.Done()
+		}
+		return nil
+	}
 	if *niceness != 0 {
 		if err := nice.Set(*niceness); err != nil {
 			return fmt.Errorf("--nice: %w", err)
@@ -197,31 +227,72 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	serveMetrics(ctx, *metricsAddr, reg, a.Synced(), *pprofOn, log)
 	log.Info("kurma-agent starting", "host", *hostID, "controller", *controllerURL, "underlay_ip", ip)
 	if *k8sNode == "" {
+		serveMetrics(ctx, *metricsAddr, reg, agentReady(a, nil), *pprofOn, log)
 		err = a.Run(ctx)
 		log.Info("kurma-agent stopped", "err", err)
 		return err
 	}
-	d, err := newCNID(k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
-		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, metrics: reg}, a, log)
+	kc, err := kubeClient(*k8sKubeconfig)
+	if err != nil {
+		return err
+	}
+	o := k8sOpts{node: *k8sNode, kubeconfig: *k8sKubeconfig, socket: *k8sSocket, hostID: *hostID,
+		stateDir: filepath.Join(*stateDir, "k8s"), timeout: *k8sTimeout, binDir: *k8sBinDir, confDir: *k8sConfDir, portmap: *k8sPortmap, metrics: reg}
+	runs := []func(context.Context) error{a.Run}
+	if *netPolicy {
+		pp, err := policypath.New(ctx, policypath.Config{Table: *nftTable, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer pp.Close()
+		npc, err := netpol.New(netpol.Config{Kube: kc, NodeName: *k8sNode, Datapath: policyPath{pp}, Logger: log, Metrics: reg})
+		if err != nil {
+			return err
+		}
+		o.policy = npc
+		runs = append(runs, npc.Run)
+	}
+	d, err := newCNID(o, kc, a, log)
 	if err != nil {
 		return err
 	}
 	d.Restore() // before the agent's first sync, so that attached pods stay plugged
+	runs = append(runs, d.Run)
+	serveMetrics(ctx, *metricsAddr, reg, agentReady(a, d), *pprofOn, log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 2)
-	go func() { errc <- a.Run(ctx) }()
-	go func() { errc <- d.Run(ctx) }()
+	errc := make(chan error, len(runs))
+	for _, r := range runs {
+		go func() { errc <- r(ctx) }()
+	}
 	err = <-errc
 	cancel()
-	if err2 := <-errc; err == nil {
-		err = err2
+	for range len(runs) - 1 {
+		if err2 := <-errc; err == nil {
+			err = err2
+		}
 	}
 	log.Info("kurma-agent stopped", "err", err)
 	return err
+}
+
+// agentReady is the agent's readiness: synced with the controller (its
+// ports listed and plugged once) and, in Kubernetes mode, its pod watch
+// synced with the API server.
+func agentReady(a *agent.Agent, d *cnid.Daemon) func() error {
+	return func() error {
+		select {
+		case <-a.Synced():
+		default:
+			return errors.New("not synced with the controller yet")
+		}
+		if d != nil && !d.Synced() {
+			return errors.New("pod watch not synced with the API server yet")
+		}
+		return nil
+	}
 }
 
 // flagGiven reports whether the command line set flag name.

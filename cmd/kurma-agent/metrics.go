@@ -23,12 +23,13 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// serveMetrics serves GET /metrics and GET /healthz (200 once the agent has
-// listed its ports, 503 before), and with pprof Go's /debug/pprof/, on
-// addr until ctx ends. An address that
+// serveMetrics serves GET /metrics, GET /healthz (200 when ready says so,
+// 503 with its reason before: the readiness probe), GET /livez (200 while
+// the process serves: the liveness probe), and with pprof Go's
+// /debug/pprof/, on addr until ctx ends. An address that
 // cannot be bound (another agent's metrics on this host) is logged, not
 // fatal: the datapath matters more than its figures.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, synced <-chan struct{}, pprof bool, log *slog.Logger) {
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, ready func() error, pprof bool, log *slog.Logger) {
 	if addr == "" {
 		return
 	}
@@ -40,13 +41,13 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, sy
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-synced:
-			_, _ = w.Write([]byte("ok\n"))
-		default:
-			http.Error(w, "not synced yet", http.StatusServiceUnavailable)
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
 		}
+		_, _ = w.Write([]byte("ok\n"))
 	})
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	if pprof {
 		debugpprof.Register(mux)
 	}

@@ -35,6 +35,13 @@ type options struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "external-network" {
+		if err := externalNetworkCmd(context.Background(), os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "kurma-controller:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	fs := flag.NewFlagSet("kurma-controller", flag.ExitOnError)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:9696", "address to serve the API on")

@@ -167,7 +167,20 @@ func run() error {
 	if *metricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		// /healthz is readiness: informers synced and, when leading,
+		// set up with the controller. /livez: the process serves.
+		mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+			err := w.Health()
+			if err == nil && svc != nil {
+				err = svc.Health()
+			}
+			if err != nil {
+				http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = rw.Write([]byte("ok\n"))
+		})
+		mux.HandleFunc("GET /livez", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
 		if err := serve(ctx, *metricsListen, mux, log); err != nil {
 			// Another replica's metrics on this host's address: the
 			// network matters more than its figures.

@@ -22,7 +22,9 @@ import (
 func TestManifestFlags(t *testing.T) {
 	dir := filepath.Join(testutil.RepoRoot(t), "deploy", "kubernetes")
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil || len(files) == 0 {
+	more, _ := filepath.Glob(filepath.Join(dir, "uninstall", "*.yaml"))
+	files = append(files, more...)
+	if err != nil || len(more) == 0 {
 		t.Fatalf("manifests: %v, %v", files, err)
 	}
 	helps := map[string]string{}

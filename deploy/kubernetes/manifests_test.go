@@ -32,6 +32,7 @@ func TestManifestsDryRun(t *testing.T) {
 		"configmap/kurma-config", "serviceaccount/kurma-k8s-watcher", "clusterrole.rbac.authorization.k8s.io/kurma-k8s-watcher",
 		"role.rbac.authorization.k8s.io/kurma-k8s-watcher-lease", "deployment.apps/kurma-k8s-watcher",
 		"serviceaccount/kurma-agent", "clusterrole.rbac.authorization.k8s.io/kurma-agent", "daemonset.apps/kurma-agent",
+		"deployment.apps/kurma-controller",
 	} {
 		if !strings.Contains(out, want+" created (server dry run)") {
 			t.Errorf("dry-run output lacks %s:\n%s", want, out)
@@ -40,6 +41,11 @@ func TestManifestsDryRun(t *testing.T) {
 	// Nothing was stored.
 	if got, err := c.Kubectl(ctx, "get", "deployments,daemonsets", "-n", "kube-system", "-o", "name"); err != nil || strings.Contains(got, "kurma") {
 		t.Fatalf("dry-run stored objects: %q, %v", got, err)
+	}
+	// The uninstall DaemonSet is valid too.
+	if out, err := c.Kubectl(ctx, "apply", "--dry-run=server", "-f", filepath.Join(dir, "uninstall")); err != nil ||
+		!strings.Contains(out, "daemonset.apps/kurma-uninstall created (server dry run)") {
+		t.Fatalf("uninstall dry-run: %v\n%s", err, out)
 	}
 	// A broken manifest is refused by the server.
 	bad := filepath.Join(t.TempDir(), "bad.yaml")

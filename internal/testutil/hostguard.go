@@ -19,6 +19,7 @@ var forwardingSysctls = []string{
 	"net/ipv4/conf/all/forwarding",
 	"net/ipv6/conf/all/forwarding",
 	"net/ipv6/conf/default/forwarding",
+	"net/bridge/bridge-nf-call-iptables", // the agent's NetworkPolicy path
 }
 
 // peerTables are nft tables that test peers make in the host netns and

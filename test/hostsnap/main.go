@@ -43,6 +43,7 @@ var sysctls = []string{
 	"net/ipv6/conf/all/forwarding",
 	"net/ipv6/conf/default/forwarding",
 	"net/ipv4/conf/all/route_localnet",
+	"net/bridge/bridge-nf-call-iptables", // NetworkPolicy (policypath) turns it on
 }
 
 // stateDirs are folders whose entries are compared.

@@ -25,7 +25,7 @@ import (
 // a copy of the annotation of a pod of namespace fa (only pod_uid changed
 // to its own), then ungated. With the watcher up, the attacker ends with a
 // port of its own; with the watcher down, its sandbox gets the driver's
-// CNI error 105. Either way the victim keeps its address and its traffic.
+// CNI error 106. Either way the victim keeps its address and its traffic.
 // Last, an ADD of the victim's own pod into another namespace (a second
 // sandbox while the first is alive) is refused by the agent and leaves the
 // victim plugged.
@@ -122,7 +122,7 @@ func TestForgedAnnotation(t *testing.T) {
 	// annotation; the driver refuses it.
 	w.Stop(5 * time.Second)
 	forge("attacker-down")
-	e.Eventually(90*time.Second, "CNI error 105 for attacker-down", func() error {
+	e.Eventually(90*time.Second, "CNI error 106 for attacker-down", func() error {
 		evs, err := kc.CoreV1().Events("fb").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=attacker-down"})
 		if err != nil {
 			return err

@@ -16,6 +16,15 @@
 //	    "SyncProxyRules complete";
 //	(e) peak RSS (VmHWM) of watcher + agent against kube-proxy's.
 //
+// With -nodeports, two more, ours and kube-proxy's, with the N ClusterIP
+// Services present:
+//
+//	(f) one NodePort Service added (slice first): write returned → its
+//	    node port live, p50/p99 of -adds, and its ratio to (b);
+//	(g) one endpoint replaced in a NodePort Service with
+//	    externalTrafficPolicy Local (both endpoints on this node): write
+//	    returned → the new address live among the node port's backends.
+//
 // Ours is read back through netlink (one element lookup, no dump).
 // kube-proxy's "programmed" is its own log line "SyncProxyRules complete"
 // (--v=2), the first one after the write, as ../shared/k8s-notes.md
@@ -57,6 +66,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"kurma.dev/kurma/bench/internal/benchutil"
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	capi "kurma.dev/kurma/pkg/controllerapi"
 )
@@ -77,6 +87,7 @@ func main() {
 	adds := flag.Int("adds", 20, "single adds and endpoint replacements timed per size")
 	profile := flag.String("profile", "", "save heap profiles, MemStats and GC traces of watcher and agent in this directory")
 	gcPercent := flag.String("gc-percent", "", "pass --gc-percent to watcher and agent (empty: their default)")
+	nodePorts := flag.Bool("nodeports", false, "also time NodePort adds (f) and externalTrafficPolicy Local endpoint changes (g)")
 	flag.Parse()
 	var ns []int
 	for _, f := range strings.Split(*sizes, ",") {
@@ -93,7 +104,7 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(context.Background(), ns, *adds, *profile, *gcPercent); err != nil {
+	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -108,6 +119,9 @@ type row struct {
 	kpAdd50, kpAdd99, kpMem50, kpMem9 time.Duration
 	kpCold                            time.Duration
 	kpRSSKiB                          int64
+	// -nodeports: (f) NodePort add, (g) eTP Local endpoint change.
+	np50, np99, loc50, loc99       time.Duration
+	kpNp50, kpNp99, kpLoc50, kpL99 time.Duration
 }
 
 type bench struct {
@@ -121,6 +135,7 @@ type bench struct {
 	procs     map[string]*kubecluster.Process
 	profile   string // -profile directory, or ""
 	gcPercent string // -gc-percent, or ""
+	nodePorts bool   // -nodeports
 }
 
 // Debug listeners of watcher and agent with -profile.
@@ -129,14 +144,14 @@ const (
 	watcherDebug = "127.0.0.1:19699"
 )
 
-func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string) error {
+func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts bool) error {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
 		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent}
+	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent, nodePorts: nodePorts}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -161,6 +176,20 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string) 
 	for _, r := range rows {
 		fmt.Printf("N=%d ratios ours/kube-proxy: add p99 %.3f, endpoint p99 %.3f, cold sync %.3f, RSS %.2f\n", r.n,
 			ratio(r.add99, r.kpAdd99), ratio(r.mem99, r.kpMem9), ratio(r.cold, r.kpCold), float64(r.rssKiB)/float64(max(r.kpRSSKiB, 1)))
+	}
+	if !nodePorts {
+		return nil
+	}
+	fmt.Println()
+	fmt.Println("| N | (f) NodePort add p50/p99 ours | kube-proxy | ours NodePort/ClusterIP add p99 | (g) eTP Local endpoint p50/p99 ours | kube-proxy |")
+	fmt.Println("|---|---|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Printf("| %d | %s / %s | %s / %s | %.2f× | %s / %s | %s / %s |\n", r.n, ms(r.np50), ms(r.np99), ms(r.kpNp50), ms(r.kpNp99),
+			ratio(r.np99, r.add99), ms(r.loc50), ms(r.loc99), ms(r.kpLoc50), ms(r.kpL99))
+	}
+	for _, r := range rows {
+		fmt.Printf("N=%d ratios: ours NodePort/ClusterIP add p99 %.3f; ours/kube-proxy NodePort add p99 %.3f, eTP Local endpoint p99 %.3f\n",
+			r.n, ratio(r.np99, r.add99), ratio(r.np99, r.kpNp99), ratio(r.loc99, r.kpL99))
 	}
 	return nil
 }
@@ -244,7 +273,10 @@ func (b *bench) setup(ctx context.Context) error {
 	if _, err := k.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	nd, err := k.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	// The node's agent is host "bench": endpoints on this node are its
+	// local members (externalTrafficPolicy Local).
+	nd, err := k.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+		Annotations: map[string]string{podnet.HostIDAnnotation: "bench"}}}, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}
@@ -344,16 +376,36 @@ func (b *bench) saveProfiles(ctx context.Context, n int) error {
 	return nil
 }
 
+// The kinds of Service the bench makes.
+type svcKind int
+
+const (
+	clusterIP     svcKind = iota
+	nodePort              // type NodePort
+	localNodePort         // type NodePort, externalTrafficPolicy Local
+)
+
+func service(name string, kind svcKind) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
+	}
+	if kind != clusterIP {
+		s.Spec.Type = corev1.ServiceTypeNodePort
+	}
+	if kind == localNodePort {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}
+	return s
+}
+
 // svcAndSlice creates Service i's slice (2 endpoints) and then the Service.
-func (b *bench) svcAndSlice(ctx context.Context, i int) (*corev1.Service, error) {
+func (b *bench) svcAndSlice(ctx context.Context, i int, kind svcKind) (*corev1.Service, error) {
 	name := "s-" + strconv.Itoa(i)
 	if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	return b.c.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
-	}, metav1.CreateOptions{})
+	return b.c.Client.CoreV1().Services(ns).Create(ctx, service(name, kind), metav1.CreateOptions{})
 }
 
 func member(i, k, gen int) string {
@@ -372,7 +424,7 @@ func slice(name string, i, gen int) *discoveryv1.EndpointSlice {
 			g = gen
 		}
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{member(i, k, g)},
-			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}, NodeName: new(node)})
 	}
 	return s
 }
@@ -394,7 +446,7 @@ func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
 				if i >= n {
 					return
 				}
-				s, err := b.svcAndSlice(ctx, i)
+				s, err := b.svcAndSlice(ctx, i, clusterIP)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -450,6 +502,82 @@ func (b *bench) memberLive(vip, addr string) (bool, error) {
 	return false, nil
 }
 
+// npKey is a TCP node port's key in the nodeports map.
+func npKey(port int32) []byte {
+	return []byte{unix.IPPROTO_TCP, 0, 0, 0, byte(port >> 8), byte(port), 0, 0}
+}
+
+// nodePortLive reports whether the node port's element exists in either
+// generation of the agent's sets.
+func (b *bench) nodePortLive(port int32) (bool, error) {
+	for _, set := range []string{"nodeports-a", "nodeports-b"} {
+		_, ok, err := getElem(b.nf, lbTable, set, npKey(port))
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
+}
+
+// nodePortMemberLive reports whether addr is one of the node port's
+// first two backends.
+func (b *bench) nodePortMemberLive(port int32, addr string) (bool, error) {
+	a := netip.MustParseAddr(addr).As4()
+	for _, set := range []string{"nodeport-backends-a", "nodeport-backends-b"} {
+		for idx := range uint32(2) {
+			d, ok, err := getElem(b.nf, lbTable, set, binary.NativeEndian.AppendUint32(npKey(port), idx))
+			if err != nil {
+				return false, err
+			}
+			if ok && strings.Contains(string(d), string(a[:])) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// nodePortsOurs times (f) and (g), ours, and returns the names of the
+// Services it made.
+func (b *bench) nodePortsOurs(ctx context.Context, r *row, adds int) ([]string, error) {
+	var npS, locS benchutil.Samples
+	var made []string
+	for range adds {
+		for _, kind := range []svcKind{nodePort, localNodePort} {
+			i := 1_000_000 + b.seq
+			b.seq++
+			s, err := b.svcAndSlice(ctx, i, kind)
+			if err != nil {
+				return made, err
+			}
+			made = append(made, s.Name)
+			np := s.Spec.Ports[0].NodePort
+			t1 := time.Now()
+			if err := spin(30*time.Second, "added node port live", func() (bool, error) { return b.nodePortLive(np) }); err != nil {
+				return made, err
+			}
+			if kind == nodePort {
+				npS = append(npS, time.Since(t1))
+				continue
+			}
+			if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+				return made, err
+			}
+			t1 = time.Now()
+			if err := spin(30*time.Second, "replaced local endpoint live", func() (bool, error) {
+				return b.nodePortMemberLive(np, member(i, 1, 1))
+			}); err != nil {
+				return made, err
+			}
+			locS = append(locS, time.Since(t1))
+		}
+	}
+	r.np50, r.np99, r.loc50, r.loc99 = npS.Pct(0.5), npS.Pct(0.99), locS.Pct(0.5), locS.Pct(0.99)
+	fmt.Printf("  (f) ours NodePort add p50 %s p99 %s (%.2f× the ClusterIP add p99); (g) eTP Local endpoint p50 %s p99 %s\n",
+		ms(r.np50), ms(r.np99), ratio(r.np99, r.add99), ms(r.loc50), ms(r.loc99))
+	return made, nil
+}
+
 func spin(limit time.Duration, what string, f func() (bool, error)) error {
 	deadline := time.Now().Add(limit)
 	for {
@@ -491,7 +619,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	for range adds {
 		i := 1_000_000 + b.seq
 		b.seq++
-		s, err := b.svcAndSlice(ctx, i)
+		s, err := b.svcAndSlice(ctx, i, clusterIP)
 		if err != nil {
 			return r, err
 		}
@@ -514,6 +642,13 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	}
 	r.add50, r.add99, r.mem50, r.mem99 = addS.Pct(0.5), addS.Pct(0.99), memS.Pct(0.5), memS.Pct(0.99)
 	fmt.Printf("  (b) ours add p50 %s p99 %s; (c) endpoint p50 %s p99 %s\n", ms(r.add50), ms(r.add99), ms(r.mem50), ms(r.mem99))
+	if b.nodePorts {
+		made, err := b.nodePortsOurs(ctx, &r, adds)
+		extra = append(extra, made...)
+		if err != nil {
+			return r, err
+		}
+	}
 	// Keep N exact for the peer: remove the extra Services.
 	for _, name := range extra {
 		_ = b.c.Client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
@@ -618,6 +753,7 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 	fmt.Printf("  (d) kube-proxy cold start → first SyncProxyRules complete %s\n", ms(r.kpCold))
 	var addS, memS benchutil.Samples
 	var vips, names []string
+	var nps []int32
 	for range adds {
 		i := 1_000_000 + b.seq
 		b.seq++
@@ -653,6 +789,47 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 		memS = append(memS, at.Sub(t1))
 	}
 	r.kpAdd50, r.kpAdd99, r.kpMem50, r.kpMem9 = addS.Pct(0.5), addS.Pct(0.99), memS.Pct(0.5), memS.Pct(0.99)
+	if b.nodePorts {
+		var npS, locS benchutil.Samples
+		for range adds {
+			for _, kind := range []svcKind{nodePort, localNodePort} {
+				i := 1_000_000 + b.seq
+				b.seq++
+				name := "s-" + strconv.Itoa(i)
+				if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
+					return err
+				}
+				tail.quiet()
+				s, err := b.c.Client.CoreV1().Services(ns).Create(ctx, service(name, kind), metav1.CreateOptions{})
+				if err != nil {
+					return err
+				}
+				t1 := time.Now()
+				at, err := tail.next(t1, 30*time.Second)
+				if err != nil {
+					return err
+				}
+				names = append(names, s.Name)
+				if kind == nodePort {
+					npS = append(npS, at.Sub(t1))
+					nps = append(nps, s.Spec.Ports[0].NodePort)
+					continue
+				}
+				tail.quiet()
+				if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+					return err
+				}
+				t1 = time.Now()
+				if at, err = tail.next(t1, 30*time.Second); err != nil {
+					return err
+				}
+				locS = append(locS, at.Sub(t1))
+			}
+		}
+		r.kpNp50, r.kpNp99, r.kpLoc50, r.kpL99 = npS.Pct(0.5), npS.Pct(0.99), locS.Pct(0.5), locS.Pct(0.99)
+		fmt.Printf("  (f) kube-proxy NodePort add p50 %s p99 %s; (g) eTP Local endpoint p50 %s p99 %s\n",
+			ms(r.kpNp50), ms(r.kpNp99), ms(r.kpLoc50), ms(r.kpL99))
+	}
 	r.kpRSSKiB, _ = hwm(p)
 	fmt.Printf("  (b) kube-proxy add p50 %s p99 %s; (c) endpoint p50 %s p99 %s; (e) peak RSS %.0f MiB\n",
 		ms(r.kpAdd50), ms(r.kpAdd99), ms(r.kpMem50), ms(r.kpMem9), float64(r.kpRSSKiB)/1024)
@@ -664,6 +841,17 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 	for _, v := range vips {
 		if !strings.Contains(string(out), v+" . tcp . 80") {
 			return fmt.Errorf("kube-proxy's service-ips lacks %s", v)
+		}
+	}
+	if len(nps) > 0 {
+		out, err := b.c.Command(ctx, "nft", "list", "map", "ip", "kube-proxy", "service-nodeports").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("nft list: %v: %s", err, out)
+		}
+		for _, np := range nps {
+			if !strings.Contains(string(out), "tcp . "+strconv.Itoa(int(np))+" ") {
+				return fmt.Errorf("kube-proxy's service-nodeports lacks %d", np)
+			}
 		}
 	}
 	for _, name := range names {

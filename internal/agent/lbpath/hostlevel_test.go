@@ -255,3 +255,24 @@ func TestStaleUDPFlows(t *testing.T) {
 	}
 	assertEmpty(t, tp, p)
 }
+
+// TestLoopbackNodeIP: a loopback node address (a single-host setup, where
+// the underlay is lo) cannot leave the host, so the host's connections
+// into the bridge keep their own source and still reach the pod.
+func TestLoopbackNodeIP(t *testing.T) {
+	tp := newTopo(t)
+	m1 := tp.pod(t, "m1", "10.0.0.11")
+	serveWho(t, m1, "10.0.0.11:8080", "m1")
+	p, err := New(t.Context(), Config{HostNS: tp.host, Table: "lbt", ExtIface: ext, NodeIP: addr("127.0.0.1"), BridgeGlob: "lbtbr*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	if err := p.Apply(t.Context(), Changes{LBs: []LB{webLB("10.0.0.11")}}); err != nil {
+		t.Fatal(err)
+	}
+	name, from := whoFrom(t, tp.host, "10.0.0.11:8080")
+	if name != "m1" || strings.HasPrefix(from, "127.") {
+		t.Fatalf("host to the pod: reached %q from %q, want m1 from a non-loopback source", name, from)
+	}
+}

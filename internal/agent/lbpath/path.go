@@ -34,6 +34,11 @@ const (
 	sockBuf = 64 << 20
 )
 
+// DefaultRouteProtocol is the routing protocol number of the routes a
+// Path adds when Config.RouteProtocol is 0 (kurma-agent --uninstall
+// removes the routes that carry it).
+const DefaultRouteProtocol = 76
+
 // Config configures a Path.
 type Config struct {
 	// HostNS is the path of the network namespace that plays the host;
@@ -52,13 +57,15 @@ type Config struct {
 	// FIP port's egress to ExtIface.
 	AcceptMark uint32
 	// RouteProtocol tags the local routes that make the host answer ARP
-	// for its FIPs on ExtIface; default 76.
+	// for its FIPs on ExtIface, and the service routes; default
+	// DefaultRouteProtocol.
 	RouteProtocol int
 	// NodeIP is the address connections of external frontends are
 	// source-NATed to (so that a member on another host replies through
 	// this one), and the source of what the host itself sends into a VPC
 	// bridge. Invalid: masquerade (the outgoing interface's address),
-	// which only works for members on this host.
+	// which only works for members on this host; so does a loopback
+	// address, which cannot leave the host.
 	NodeIP netip.Addr
 	// NodeAddrs are the addresses node ports answer on; default NodeIP.
 	NodeAddrs []netip.Addr
@@ -185,7 +192,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		cfg.Table = "kurma-lb"
 	}
 	if cfg.RouteProtocol == 0 {
-		cfg.RouteProtocol = 76
+		cfg.RouteProtocol = DefaultRouteProtocol
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -173,15 +173,19 @@ func (p *Path) rules(gen string) []baseChain {
 	// address unless their load balancer keeps the client's (local
 	// members only), so that a member on another host replies through
 	// this one.
+	// A loopback node address (a single-host setup) cannot leave the
+	// host: masquerade, and the host's own connections into a VPC keep
+	// the bridge gateway's address, as without a node address.
+	nodeIP := p.cfg.NodeIP.IsValid() && !p.cfg.NodeIP.IsLoopback()
 	toNode := "masquerade"
-	if p.cfg.NodeIP.IsValid() {
+	if nodeIP {
 		toNode = "snat ip to " + p.cfg.NodeIP.String()
 	}
 	snat = append(snat, fmt.Sprintf("ct mark & 0x%x == 0x%x %s", CtMarkSNAT, CtMarkSNAT, toNode))
 	selOut := sel
 	if g := p.cfg.BridgeGlob; g != "" {
 		br := strconv.Quote(g)
-		if p.cfg.NodeIP.IsValid() {
+		if nodeIP {
 			// What the host sends into a VPC leaves from the bridge's
 			// gateway address, which every host shares: a pod on another
 			// host would answer its own host. The node address is unique.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -40,6 +41,12 @@ type Agent interface {
 	Synced() <-chan struct{}
 }
 
+// PolicyGate is what an ADD waits for before the pod is plugged: its
+// NetworkPolicy rules in the kernel (internal/kube/netpol's Controller).
+type PolicyGate interface {
+	WaitPod(ctx context.Context, namespace, name string, ip netip.Addr) error
+}
+
 var _ Agent = (*agent.Agent)(nil)
 
 // Config configures a Daemon.
@@ -69,6 +76,10 @@ type Config struct {
 	// Metrics, when set, gets the daemon's Prometheus metrics
 	// (metrics.go).
 	Metrics prometheus.Registerer
+	// Policy, when set, is waited for (up to AttachTimeout) before each
+	// ADD plugs its pod: no packet passes before the pod's NetworkPolicy
+	// rules are in place.
+	Policy PolicyGate
 }
 
 // Daemon serves CNI requests. Build it with New; call Restore before the
@@ -320,3 +331,7 @@ func (d *Daemon) getPod(ctx context.Context, ns, name string, api bool) (*corev1
 	}
 	return p, true, nil
 }
+
+// Synced reports whether the pod watch has synced with the API server
+// (readiness).
+func (d *Daemon) Synced() bool { return d.inf.HasSynced() }

@@ -235,6 +235,20 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	}()
 	actx, cancel := context.WithTimeout(ctx, d.cfg.AttachTimeout)
 	defer cancel()
+	if d.cfg.Policy != nil {
+		start = time.Now()
+		var ip netip.Addr
+		for _, p := range n.Prefixes() {
+			if p.Addr().Is4() {
+				ip = p.Addr()
+				break
+			}
+		}
+		if err := d.cfg.Policy.WaitPod(actx, pod.Namespace, pod.Name, ip); err != nil {
+			return nil, cniError(cniwire.ErrPolicyNotReady, "network policy not programmed", err.Error())
+		}
+		d.m.observePhase("policy", time.Since(start))
+	}
 	start = time.Now()
 	port, err := d.cfg.Agent.Attach(actx, n.PortID, attachment(rec))
 	if err != nil {
@@ -296,7 +310,7 @@ func attachment(rec *record) agent.Attachment {
 
 // agentError maps an agent failure to a CNI error: the controller being
 // out of reach is 103, a port that is not the pod's (or is held by a live
-// sandbox) 105, anything else 104.
+// sandbox) 106, anything else 104.
 func (d *Daemon) agentError(what string, err error) *types.Error {
 	synced := false
 	select {

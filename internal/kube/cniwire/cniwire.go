@@ -55,11 +55,15 @@ const (
 	// ErrPlugFailed: the agent could not plug the port into the pod's
 	// network namespace.
 	ErrPlugFailed = 104
+	// ErrPolicyNotReady: the pod's NetworkPolicy rules were not in the
+	// kernel in time (the agent's policy watch is behind or failing); the
+	// pod is not plugged, so it never runs unprotected.
+	ErrPolicyNotReady = 105
 	// ErrPortNotOwned: the port the annotation names is not this pod's
 	// (its id is not pod-<UID>, or the controller's record of it has
 	// another device id or owner), or it is attached to another live
 	// sandbox. The agent never moves such a port.
-	ErrPortNotOwned = 105
+	ErrPortNotOwned = 106
 )
 
 // DelQueue is the folder, beside the agent's socket, where the shim leaves

@@ -26,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -256,6 +257,4 @@ func (e *Env) RestartAgent(a *Agent) {
 }
 
 // ConfList is the node conflist for the kurma-k8s driver on socket.
-func ConfList(socket string) []byte {
-	return []byte(`{"cniVersion":"1.0.0","name":"kurma","plugins":[{"type":"kurma-k8s","socket":"` + socket + `"}]}`)
-}
+func ConfList(socket string) []byte { return cniwire.ConfList(socket, false) }

@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -117,6 +118,7 @@ type Reconciler struct {
 	synced   []cache.InformerSynced
 
 	synced0 atomic.Bool // the initial resync is done
+	leading atomic.Bool // lead runs
 
 	mu sync.Mutex
 	// lbs: by Service key, the load balancer the controller last
@@ -342,6 +344,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 func (r *Reconciler) lead(ctx context.Context) error {
+	r.leading.Store(true)
+	defer r.leading.Store(false)
 	r.bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
 	defer r.bc.Shutdown()
 	if err := r.setup(ctx); err != nil {
@@ -410,3 +414,18 @@ func (r *Reconciler) work(ctx context.Context) {
 // Synced reports whether the initial resync has finished (for tests and
 // readiness).
 func (r *Reconciler) Synced() bool { return r.synced0.Load() }
+
+// Health says why the reconciler is not ready, or nil: its informers
+// have not synced with the API server, or it leads and its first resync
+// with the controller has not finished. A synced standby is ready.
+func (r *Reconciler) Health() error {
+	for _, s := range r.synced {
+		if !s() {
+			return errors.New("services: informers not synced with the API server yet")
+		}
+	}
+	if r.leading.Load() && !r.synced0.Load() {
+		return errors.New("services: leader: first resync with the controller not done yet")
+	}
+	return nil
+}

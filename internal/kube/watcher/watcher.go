@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -97,6 +98,9 @@ type Watcher struct {
 
 	mu      sync.Mutex                       // guards subnets; held while allocating a range
 	subnets map[string]*controllerapi.Subnet // by namespace UID
+
+	leading atomic.Bool // lead runs
+	setUp   atomic.Bool // this term's setup with the controller is done
 }
 
 const uidIndex = "uid"
@@ -229,11 +233,31 @@ func (w *Watcher) Run(ctx context.Context) error {
 	return leader.Run(ctx, w.kube, *w.cfg.Lease, "kurma-k8s-watcher", w.log, w.lead)
 }
 
+// Health says why the watcher is not ready, or nil: its informers have
+// not synced with the API server, or it leads and has not yet set up the
+// cluster's project and VPC with the controller. A standby whose
+// informers have synced is ready (it can take over at once).
+func (w *Watcher) Health() error {
+	for _, s := range w.synced {
+		if !s() {
+			return errors.New("informers not synced with the API server yet")
+		}
+	}
+	if w.leading.Load() && !w.setUp.Load() {
+		return errors.New("leader: setup with the controller not done yet")
+	}
+	return nil
+}
+
 // lead is the leader's part of Run.
 func (w *Watcher) lead(ctx context.Context) error {
+	w.setUp.Store(false)
+	w.leading.Store(true)
+	defer w.leading.Store(false)
 	if err := w.setup(ctx); err != nil {
 		return err
 	}
+	w.setUp.Store(true)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer w.q.ShutDown()

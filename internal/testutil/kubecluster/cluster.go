@@ -66,6 +66,44 @@ type Options struct {
 	KubeletArgs []string
 	// APIServerArgs are extra kube-apiserver flags.
 	APIServerArgs []string
+
+	// What the upstream e2e suite assumes of a cluster (test/conformance):
+
+	// PublicAPIServer serves the API on every address of the namespace and
+	// advertises NodeIP, with the lease endpoint reconciler: the
+	// `kubernetes` Service gets NodeIP:6443 as its endpoint, reached by
+	// pods through the Service proxy. The API server reaches kubelets at
+	// their InternalIP (their names do not resolve), and pods get service
+	// account tokens (ServiceAccount admission; the controller manager,
+	// when run, publishes the API server's CA as kube-root-ca.crt).
+	PublicAPIServer bool
+	// KubeletAPI makes the kubelet listen on NodeIP and serve the API
+	// server (exec, logs, port-forward) with anonymous authentication.
+	KubeletAPI bool
+	// ClusterDNS is the kubelet's clusterDNS (pods' nameserver, e.g.
+	// ClusterDNSIP); ClusterDomain its clusterDomain (default
+	// "cluster.local" when ClusterDNS is set).
+	ClusterDNS, ClusterDomain string
+	// Images are more image tarballs (docker-save) to import into the
+	// node's containerd, under the names they carry.
+	Images []string
+	// ChainPortmap appends the upstream portmap plugin (nftables backend)
+	// to CNIConfList, for hostPort.
+	ChainPortmap bool
+	// ServiceAccounts gives pods service account tokens, as a real
+	// cluster does (for workloads that use the in-cluster config, such as
+	// deploy/kubernetes): the ServiceAccount admission plugin is on, and
+	// the controller manager (which it needs: ControllerManager is
+	// implied) makes the default accounts and publishes the API server's
+	// certificate as the kube-root-ca.crt ConfigMap.
+	ServiceAccounts bool
+	// SharedNetNS makes containerd mount pod network namespaces in a
+	// folder of the cluster's own (NetNSDir) that is a shared mount point,
+	// as /var/run/netns is on a systemd host. A pod that mounts it with
+	// mountPropagation HostToContainer (a CNI agent's DaemonSet) then sees
+	// new namespaces; on a host whose / is private, /var/run/netns cannot
+	// be mounted so.
+	SharedNetNS bool
 }
 
 // Cluster is a running cluster. Its API server listens on 127.0.0.1 inside
@@ -90,6 +128,9 @@ type Cluster struct {
 	ContainerdSocket string
 	// CNIConfDir and CNIBinDir are the node's CNI folders.
 	CNIConfDir, CNIBinDir string
+	// NetNSDir is where containerd mounts pod network namespaces:
+	// /var/run/netns, or with Options.SharedNetNS a folder of the cluster.
+	NetNSDir string
 	// BinDir is the build output in use.
 	BinDir string
 
@@ -163,6 +204,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 	}
 	if opts.CNIBinDir == "" {
 		opts.CNIBinDir = filepath.Join(opts.BinDir, "cni")
+	}
+	if opts.ServiceAccounts {
+		opts.ControllerManager = true
 	}
 	if m := Binaries(opts.BinDir, opts); len(m) > 0 {
 		return nil, fmt.Errorf("kubecluster: missing %v in %s (make build)", m, opts.BinDir)

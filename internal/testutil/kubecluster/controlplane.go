@@ -90,13 +90,21 @@ current-context: kurma-test
 		"--service-account-key-file=" + saKey,
 		"--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=" + ServiceCIDR,
-		// No endpoint reconciler and no ServiceAccount admission: there
-		// is no real master address to publish, and pods need no
-		// token controller.
-		"--endpoint-reconciler-type=none",
-		"--disable-admission-plugins=ServiceAccount",
 		"--allow-privileged=true",
 		"--profiling=false",
+	}
+	if opts.PublicAPIServer {
+		args[1], args[2] = "--bind-address=0.0.0.0", "--advertise-address="+NodeIP
+		args = append(args, "--endpoint-reconciler-type=lease",
+			"--kubelet-preferred-address-types=InternalIP,Hostname")
+	} else {
+		// No endpoint reconciler: there is no real master address to
+		// publish.
+		args = append(args, "--endpoint-reconciler-type=none")
+	}
+	if !opts.ServiceAccounts && !opts.PublicAPIServer {
+		// Pods get no token: no controller needs to make accounts.
+		args = append(args, "--disable-admission-plugins=ServiceAccount")
 	}
 	apiserver, err := c.StartProcess("kube-apiserver", exec.Command(bin("k8s/kube-apiserver"), append(args, opts.APIServerArgs...)...))
 	if err != nil {
@@ -106,12 +114,15 @@ current-context: kurma-test
 		return err
 	}
 	if opts.ControllerManager {
+		// --root-ca-file: the API server's self-signed certificate,
+		// published as kube-root-ca.crt for pods with service accounts.
 		if _, err := c.StartProcess("kube-controller-manager", exec.Command(bin("k8s/kube-controller-manager"),
 			"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig,
 			"--authorization-kubeconfig="+c.Kubeconfig, "--leader-elect=false",
 			"--bind-address=127.0.0.1", "--secure-port=10257",
 			"--cert-dir="+filepath.Join(c.Dir, "kcm-certs"),
 			"--service-account-private-key-file="+saKey, "--use-service-account-credentials=false",
+			"--root-ca-file="+filepath.Join(c.Dir, "apiserver-certs", "apiserver.crt"),
 			"--service-cluster-ip-range="+ServiceCIDR, "--allocate-node-cidrs=false",
 			"--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
 			"--kube-api-qps=200", "--kube-api-burst=400")); err != nil {

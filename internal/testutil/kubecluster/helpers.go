@@ -3,6 +3,7 @@ package kubecluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,6 +35,24 @@ func BridgeConfList(bridge, subnet, dataDir string) []byte {
 	}
 	b, _ := json.Marshal(conf) // a map of plain values always marshals
 	return b
+}
+
+// ChainPortmap returns conflist with the upstream portmap plugin (its
+// nftables backend, table cni_hostport of the node's namespace) appended to
+// its plugins: hostPort, as containerd passes the pods' port mappings to
+// every plugin of the chain that declares the capability.
+func ChainPortmap(conflist []byte) ([]byte, error) {
+	var conf map[string]any
+	if err := json.Unmarshal(conflist, &conf); err != nil {
+		return nil, fmt.Errorf("chain portmap: %w", err)
+	}
+	plugins, ok := conf["plugins"].([]any)
+	if !ok {
+		return nil, errors.New("chain portmap: the conflist has no plugins list")
+	}
+	conf["plugins"] = append(plugins, map[string]any{"type": "portmap", "backend": "nftables",
+		"capabilities": map[string]any{"portMappings": true}})
+	return json.Marshal(conf)
 }
 
 // WaitPodsRunning waits until at least n pods of namespace that match

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -38,15 +39,22 @@ func (c *Cluster) startNode(ctx context.Context, opts Options) error {
 		return err
 	}
 	if opts.CNIConfList != nil {
-		if err := os.WriteFile(filepath.Join(c.CNIConfDir, "10-test.conflist"), opts.CNIConfList, 0o644); err != nil {
+		conf := opts.CNIConfList
+		if opts.ChainPortmap {
+			if conf, err = ChainPortmap(conf); err != nil {
+				return err
+			}
+		}
+		if err := os.WriteFile(filepath.Join(c.CNIConfDir, "10-test.conflist"), conf, 0o644); err != nil {
 			return err
 		}
 	}
-	if err := c.startContainerd(ctx); err != nil {
+	if err := c.startContainerd(ctx, opts.SharedNetNS); err != nil {
 		return err
 	}
-	for _, img := range []string{"k8s-pause.tar", "k8s-echo.tar"} {
-		if err := c.importImage(ctx, filepath.Join(opts.BinDir, "images", img)); err != nil {
+	imgs := []string{filepath.Join(opts.BinDir, "images", "k8s-pause.tar"), filepath.Join(opts.BinDir, "images", "k8s-echo.tar")}
+	for _, img := range append(imgs, opts.Images...) {
+		if err := c.importImage(ctx, img); err != nil {
 			return err
 		}
 	}
@@ -74,8 +82,25 @@ func linkCNIBin(dir, src, fallback string) error {
 	return nil
 }
 
-func (c *Cluster) startContainerd(ctx context.Context) error {
+func (c *Cluster) startContainerd(ctx context.Context, sharedNetNS bool) error {
 	d := filepath.Dir(c.ContainerdSocket)
+	c.NetNSDir = "/var/run/netns"
+	netnsLine := ""
+	if sharedNetNS {
+		// The CRI plugin's state folder holds them (its netns/).
+		c.NetNSDir = filepath.Join(d, "state", "io.containerd.grpc.v1.cri", "netns")
+		if err := os.MkdirAll(c.NetNSDir, 0o755); err != nil {
+			return err
+		}
+		// A mount point of its own, shared: unmountUnder(c.Dir) undoes it.
+		if err := unix.Mount(c.NetNSDir, c.NetNSDir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", c.NetNSDir, err)
+		}
+		if err := unix.Mount("", c.NetNSDir, "", unix.MS_SHARED, ""); err != nil {
+			return fmt.Errorf("make %s shared: %w", c.NetNSDir, err)
+		}
+		netnsLine = "netns_mounts_under_state_dir = true"
+	}
 	conf := fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -95,6 +120,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   # Root here lacks CAP_SYS_RESOURCE: runc cannot lower oom_score_adj.
   restrict_oom_score_adj = true
   disable_apparmor = true
+  %s
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -109,7 +135,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     conf_dir = %q
     max_conf_num = 1
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), c.ContainerdSocket, c.ContainerdSocket+".ttrpc",
-		PauseImage, c.CNIBinDir, c.CNIConfDir)
+		PauseImage, netnsLine, c.CNIBinDir, c.CNIConfDir)
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return err
 	}
@@ -150,6 +176,13 @@ func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
+// ImportImage imports an image tarball (docker-save or OCI archive) into
+// the node's containerd, in the CRI's namespace k8s.io, as
+// `ctr -n k8s.io images import` does.
+func (c *Cluster) ImportImage(ctx context.Context, path string) error {
+	return c.importImage(ctx, path)
+}
+
 // importImage imports an image tarball into the CRI's namespace.
 func (c *Cluster) importImage(ctx context.Context, path string) error {
 	_, err := c.ctr(ctx, "images", "import", "--no-unpack=false", path)
@@ -161,17 +194,29 @@ func (c *Cluster) startKubelet(ctx context.Context, opts Options) error {
 	if err := os.MkdirAll(filepath.Join(d, "pod-logs"), 0o755); err != nil {
 		return err
 	}
+	addr, anon := "127.0.0.1", "false"
+	if opts.KubeletAPI {
+		addr, anon = NodeIP, "true"
+	}
+	dns := ""
+	if opts.ClusterDNS != "" {
+		dom := opts.ClusterDomain
+		if dom == "" {
+			dom = "cluster.local"
+		}
+		dns = fmt.Sprintf("clusterDNS: [%s]\nclusterDomain: %s\n", opts.ClusterDNS, dom)
+	}
 	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupRoot: %s
 containerRuntimeEndpoint: unix://%s
-address: 127.0.0.1
+address: %s
 healthzBindAddress: 127.0.0.1
 readOnlyPort: 0
 authentication:
-  anonymous: {enabled: false}
+  anonymous: {enabled: %s}
   webhook: {enabled: false}
 authorization:
   mode: AlwaysAllow
@@ -190,7 +235,7 @@ serializeImagePulls: false
 makeIPTablesUtilChains: false
 kubeAPIQPS: 100
 kubeAPIBurst: 200
-`, c.CgroupRoot, c.ContainerdSocket, filepath.Join(d, "pod-logs"))
+%s`, c.CgroupRoot, c.ContainerdSocket, addr, anon, filepath.Join(d, "pod-logs"), dns)
 	cfg := filepath.Join(d, "config.yaml")
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		return err

@@ -1,0 +1,490 @@
+// Command netpol is the NetworkPolicy part of bench/k8s (issue 21): the
+// agent's policy path (internal/kube/netpol's controller and
+// internal/agent/policypath, as kurma-agent --network-policy runs them)
+// driven by a real kube-apiserver + etcd (internal/testutil/kubecluster,
+// no node). 1,000 pods are on the books (API objects with an address in
+// their status; -local of them on the bench node), then for each N
+// policies:
+//
+//	(a) cold sync: the policy process started with everything present →
+//	    its first full sync done (its own log line);
+//	(b) one policy created (selecting a local pod, allowing a peer on a
+//	    new port): API write returned → the exact element in the kernel,
+//	    p50/p99 of -adds;
+//	(c) one pod label change (a remote pod becomes a peer): write returned
+//	    → its element in the kernel, p50/p99;
+//	(d) peak RSS (VmHWM) of the policy process.
+//
+// The kernel is read back with one netlink element lookup (no dump). The
+// policy process is this binary with -child, run inside the cluster's
+// network namespace (the API server listens there), programming its own
+// table there. Peer kube-network-policies: not run (see bench/README.md).
+//
+// Run as root after `make build`: go run ./bench/k8s/netpol [-sizes 100,1000,10000].
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	mnl "github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"kurma.dev/kurma/internal/agent/policypath"
+	"kurma.dev/kurma/internal/kube/netpol"
+	"kurma.dev/kurma/internal/testutil/kubecluster"
+)
+
+const (
+	nsName   = "bench"
+	node     = "bench-node"
+	table    = "kurma-bench-np"
+	nPods    = 1000
+	apps     = 50 // app label values
+	groups   = 10 // grp label values (peer selectors)
+	readyMsg = "netpol: full sync"
+)
+
+func main() {
+	child := flag.Bool("child", false, "run the policy process (internal)")
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig (child)")
+	sizes := flag.String("sizes", "100,1000,10000", "policy counts")
+	adds := flag.Int("adds", 20, "samples of (b) and (c)")
+	local := flag.Int("local", 100, "pods on the bench node")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var err error
+	if *child {
+		err = runChild(ctx, *kubeconfig)
+	} else {
+		var ns []int
+		for _, s := range strings.Split(*sizes, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "-sizes:", err)
+				os.Exit(2)
+			}
+			ns = append(ns, n)
+		}
+		err = run(ctx, ns, *adds, *local)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "netpol bench:", err)
+		os.Exit(1)
+	}
+}
+
+// runChild is the policy process: the agent's controller and policy path.
+func runChild(ctx context.Context, kubeconfig string) error {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	rc.QPS, rc.Burst = 50, 100
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	pp, err := policypath.New(ctx, policypath.Config{Table: table, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer pp.Close()
+	c, err := netpol.New(netpol.Config{Kube: kc, NodeName: node, Datapath: adapter{pp}, Logger: log})
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+type adapter struct{ p *policypath.Path }
+
+func (a adapter) Apply(ctx context.Context, ch map[string]*netpol.Rules) error {
+	return a.p.Apply(ctx, conv(ch))
+}
+func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
+	return a.p.Sync(ctx, conv(all))
+}
+
+func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod {
+	out := map[string]*policypath.Pod{}
+	dir := func(d netpol.Dir) policypath.Dir {
+		o := policypath.Dir{Isolated: d.Isolated}
+		for _, a := range d.Allow {
+			o.Allow = append(o.Allow, policypath.Allow{PeerLo: a.PeerLo, PeerHi: a.PeerHi, Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
+		}
+		return o
+	}
+	for k, r := range in {
+		if r == nil {
+			out[k] = nil
+			continue
+		}
+		out[k] = &policypath.Pod{IP: r.IP, Ingress: dir(r.Ingress), Egress: dir(r.Egress)}
+	}
+	return out
+}
+
+type bench struct {
+	c     *kubecluster.Cluster
+	kc    kubernetes.Interface
+	nf    *mnl.Conn
+	local int
+	npol  int // policies created so far
+	child *kubecluster.Process
+	log   *os.File
+}
+
+type row struct {
+	n                          int
+	cold                       time.Duration
+	add50, add99, lbl50, lbl99 time.Duration
+	rssKiB                     int64
+	elems                      int
+}
+
+func run(ctx context.Context, sizes []int, adds, local int) error {
+	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
+		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b := &bench{c: c, kc: c.Client, local: local}
+	if err := c.Do(func() error {
+		var err error
+		b.nf, err = mnl.Dial(unix.NETLINK_NETFILTER, nil)
+		return err
+	}); err != nil {
+		return err
+	}
+	defer b.nf.Close()
+	if err := b.fillPods(ctx); err != nil {
+		return err
+	}
+	var rows []row
+	for _, n := range sizes {
+		r, err := b.size(ctx, n, adds)
+		if err != nil {
+			return fmt.Errorf("N=%d: %w", n, err)
+		}
+		rows = append(rows, r)
+		fmt.Printf("N=%d: cold %v, policy add p50/p99 %v/%v, label p50/p99 %v/%v, RSS %.0f MiB, %d elements\n",
+			n, r.cold, r.add50, r.add99, r.lbl50, r.lbl99, float64(r.rssKiB)/1024, r.elems)
+	}
+	fmt.Println()
+	fmt.Printf("1,000 pods (%d on the node); peer kube-network-policies not run\n\n", local)
+	fmt.Println("| policies | (a) cold sync | (b) policy created → enforced p50 / p99 | (c) label change → enforced p50 / p99 | (d) RSS | elements |")
+	fmt.Println("|---|---|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Printf("| %d | %s | %s / %s | %s / %s | %.0f MiB | %d |\n", r.n, ms(r.cold), ms(r.add50), ms(r.add99),
+			ms(r.lbl50), ms(r.lbl99), float64(r.rssKiB)/1024, r.elems)
+	}
+	return nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+func podIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 64, byte(i >> 8), byte(i)}) }
+
+// fillPods creates the namespace and 1,000 pods with addresses; pod i is
+// local when i < local, has app=app-(i%apps), grp=g-(i%groups).
+func (b *bench) fillPods(ctx context.Context) error {
+	if _, err := b.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsName}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return parallel(nPods, func(i int) error {
+		nd := "remote"
+		if i < b.local {
+			nd = node
+		}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i), Labels: map[string]string{
+			"app": fmt.Sprintf("app-%d", i%apps), "grp": fmt.Sprintf("g-%d", i%groups)}},
+			Spec: corev1.PodSpec{NodeName: nd, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+		p, err := b.kc.CoreV1().Pods(nsName).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIP = podIP(i).String()
+		p.Status.PodIPs = []corev1.PodIP{{IP: p.Status.PodIP}}
+		_, err = b.kc.CoreV1().Pods(nsName).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+func parallel(n int, f func(int) error) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	ch := make(chan int)
+	for range 32 {
+		wg.Go(func() {
+			for i := range ch {
+				if err := f(i); err != nil {
+					mu.Lock()
+					first = cmp(first, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		ch <- i
+	}
+	close(ch)
+	wg.Wait()
+	return first
+}
+
+func cmp(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// policy j selects app-(j%apps) and allows grp g-(j%groups) on TCP port
+// 1000+j%1000.
+func policy(j int) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("np%d", j)},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", j%apps)}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"grp": fmt.Sprintf("g-%d", j%groups)}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: new(intstr.FromInt32(int32(1000 + j%1000)))}}}}}}
+}
+
+func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
+	r := row{n: n}
+	if b.npol < n {
+		if err := parallel(n-b.npol, func(i int) error {
+			_, err := b.kc.NetworkingV1().NetworkPolicies(nsName).Create(ctx, policy(b.npol+i), metav1.CreateOptions{})
+			return err
+		}); err != nil {
+			return r, err
+		}
+		b.npol = n
+	}
+	// (a) cold: the table deleted, the process started with all present.
+	if b.child != nil {
+		b.child.Kill()
+		<-b.child.Done()
+	}
+	_ = b.c.Command(ctx, "nft", "delete", "table", "inet", table).Run()
+	self, err := os.Executable()
+	if err != nil {
+		return r, err
+	}
+	logPath := fmt.Sprintf("%s/netpol-child-%d.log", b.c.Dir, n)
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return r, err
+	}
+	defer lf.Close()
+	cmd := exec.Command(self, "-child", "-kubeconfig", b.c.Kubeconfig)
+	cmd.Stderr, cmd.Stdout = lf, lf
+	start := time.Now()
+	if b.child, err = b.c.StartProcess(fmt.Sprintf("netpol-%d", n), cmd); err != nil {
+		return r, err
+	}
+	if err := waitLog(logPath, readyMsg, 5*time.Minute); err != nil {
+		return r, err
+	}
+	r.cold = time.Since(start)
+	// (b) one policy selecting local pod p0's app, allowing grp of pod
+	// p(local+1) (remote) on a new port: its element pod . peer . tcp . port.
+	var addT []time.Duration
+	for k := range adds {
+		port := 20000 + n + k
+		j := 0 // app-0: local pod p0; grp g-0
+		np := policy(j)
+		np.Name = fmt.Sprintf("probe-%d-%d", n, k)
+		np.Spec.Ingress[0].Ports[0].Port = new(intstr.FromInt32(int32(port)))
+		peer := podIP(groups * (b.local/groups + 1)) // a remote pod of g-0
+		key := exactKey(podIP(0), peer, port)
+		t0 := time.Now()
+		if _, err := b.kc.NetworkingV1().NetworkPolicies(nsName).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			return r, err
+		}
+		if err := b.until(key, true, 30*time.Second); err != nil {
+			return r, fmt.Errorf("policy add: %w", err)
+		}
+		addT = append(addT, time.Since(t0))
+		if err := b.kc.NetworkingV1().NetworkPolicies(nsName).Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil {
+			return r, err
+		}
+		if err := b.until(key, false, 30*time.Second); err != nil {
+			return r, fmt.Errorf("policy delete: %w", err)
+		}
+	}
+	r.add50, r.add99 = pct(addT)
+	// (c) a remote pod of g-1 relabelled to g-0 becomes a peer of every
+	// policy allowing g-0 (port 1000 for local pod p0 of app-0).
+	var lblT []time.Duration
+	for k := range adds {
+		i := b.local + 1 + groups*k // remote, grp g-1; moved there and back
+		key := exactKey(podIP(0), podIP(i), 1000)
+		p, err := b.kc.CoreV1().Pods(nsName).Get(ctx, fmt.Sprintf("p%d", i), metav1.GetOptions{})
+		if err != nil {
+			return r, err
+		}
+		t0 := time.Now()
+		p.Labels["grp"] = "g-0"
+		if _, err := b.kc.CoreV1().Pods(nsName).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			return r, err
+		}
+		if err := b.until(key, true, 30*time.Second); err != nil {
+			return r, fmt.Errorf("label: %w", err)
+		}
+		lblT = append(lblT, time.Since(t0))
+		p.Labels["grp"] = "g-1"
+		p.ResourceVersion = ""
+		if _, err := b.kc.CoreV1().Pods(nsName).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			return r, err
+		}
+		if err := b.until(key, false, 30*time.Second); err != nil {
+			return r, fmt.Errorf("label back: %w", err)
+		}
+	}
+	r.lbl50, r.lbl99 = pct(lblT)
+	r.rssKiB, _ = hwm(b.child.PID())
+	if out, err := b.c.Command(ctx, "nft", "-j", "list", "set", "inet", table, "pol-in-exact").Output(); err == nil {
+		r.elems = strings.Count(string(out), "\"concat\"")
+	}
+	return r, nil
+}
+
+func exactKey(pod, peer netip.Addr, port int) []byte {
+	a, p := pod.As4(), peer.As4()
+	k := append(a[:], p[:]...)
+	k = append(k, 6, 0, 0, 0)
+	return binary.BigEndian.AppendUint16(k, uint16(port))[:14:14]
+}
+
+// until polls the kernel for the element until its presence is want.
+func (b *bench) until(key []byte, want bool, limit time.Duration) error {
+	k := append(slices.Clone(key), 0, 0)
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := getElem(b.nf, table, "pol-in-exact", k)
+		if err != nil {
+			return err
+		}
+		if ok == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("element %x present=%v after %v", k, !want, limit)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+func pct(ds []time.Duration) (time.Duration, time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2], s[min(len(s)-1, (len(s)*99+99)/100-1)]
+}
+
+func waitLog(path, msg string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		f, err := os.Open(path)
+		if err == nil {
+			sc := bufio.NewScanner(f)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), msg) {
+					_ = f.Close()
+					return nil
+				}
+			}
+			_ = f.Close()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(path)
+	return fmt.Errorf("no %q in %v:\n%s", msg, limit, b)
+}
+
+func hwm(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			return strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM")
+}
+
+// getElem asks the kernel whether one element exists (NFT_MSG_GETSETELEM,
+// no dump).
+func getElem(c *mnl.Conn, table, set string, key []byte) (bool, error) {
+	ae := mnl.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
+	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *mnl.AttributeEncoder) error {
+		ae.Nested(1, func(ae *mnl.AttributeEncoder) error {
+			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *mnl.AttributeEncoder) error {
+				ae.Bytes(unix.NFTA_DATA_VALUE, key)
+				return nil
+			})
+			return nil
+		})
+		return nil
+	})
+	attrs, err := ae.Encode()
+	if err != nil {
+		return false, err
+	}
+	req, err := c.Send(mnl.Message{
+		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: mnl.Request},
+		Data:   append([]byte{unix.NFPROTO_INET, 0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.Receive()
+	if err != nil {
+		var oe *mnl.OpError
+		if errors.As(err, &oe) && errors.Is(oe.Err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, m := range resp {
+		if m.Header.Sequence == req.Header.Sequence && m.Header.Type != mnl.Error && len(m.Data) > 4 {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,52 @@
+// Package policypath is the agent's NetworkPolicy datapath: sets and
+// chains in the agent's nftables inet table (shared with the VPC
+// isolation and the load balancers) that filter forwarded traffic to and
+// from the node's own pods.
+//
+// Layout (`nft list table inet <table>` shows it; every name starts with
+// "pol-"):
+//   - pol-fwd, a base chain on the forward hook (priority filter + 5, so
+//     after the load balancers' prerouting DNAT: policy sees the member's
+//     address, never a VIP): established and related packets are
+//     accepted (replies of allowed connections pass through conntrack);
+//     a packet to a pod in pol-in-iso jumps to pol-in, one from a pod in
+//     pol-eg-iso to pol-eg.
+//   - pol-in and pol-eg look the packet up in five sets each and return
+//     on the first hit, else drop:
+//     exact (pod . peer . protocol . port, hashed), peer (pod . peer:
+//     every protocol and port, hashed), port (pod . protocol . port: any
+//     peer, hashed), range (pod . peer range . protocol . port range,
+//     an interval set) and cidr (pod . peer range, interval).
+//     "pod" is the local pod's address (the destination for pol-in, the
+//     source for pol-eg), "peer" the other end.
+//
+// Why this layout: the selectors' result (pods and ports) is exact, so it
+// lives in hashed sets whose elements cost O(1) to add or delete; only
+// ipBlock and endPort need intervals, and nftables' concatenated interval
+// sets (pipapo) cost O(set size) per change, so they hold only those.
+// No chain per policy or per pod: a change is a netlink transaction of
+// the elements it changes. The pipapo sets refuse elements that partly
+// overlap, so each pod's ranges are first made disjoint (disjoint.go).
+//
+// Pod-to-pod traffic on one bridge is seen by the inet forward hook
+// because the kernel's bridge netfilter (net.bridge.bridge-nf-call-iptables,
+// which New turns on; without br_netfilter it warns, and same-bridge
+// traffic is not filtered) passes bridged IPv4 through it; routed traffic
+// (clusterIP after DNAT, other subnets, the outside) passes it anyway.
+// Traffic the node itself sends or receives (kubelet probes, host network
+// pods) uses the output and input hooks and is not filtered: the node's
+// traffic to and from its pods is always allowed.
+//
+// Apply takes the wanted rules of the pods that changed and commits, in
+// one netlink transaction, only the elements that differ from the mirror
+// of the kernel. Sync reads every set back and makes the kernel equal to
+// the whole wanted state (after a restart or kill -9).
+//
+// Established connections survive a policy that now forbids them (only
+// new connections are checked), as in kube-network-policies' default
+// mode; docs/kubernetes.md says so.
+//
+// Locking: Path.mu guards the mirrors and serialises transactions.
+//
+// It speaks only in its own Pod/Dir/Allow types. Must not import: `kurma.dev/kurma/internal/kube/...`, `kurma.dev/kurma/internal/controller/...`, `kurma.dev/kurma/internal/agent`, `k8s.io/...`.
+package policypath

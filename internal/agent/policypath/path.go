@@ -1,0 +1,358 @@
+package policypath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
+	mnl "github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+	"sigs.k8s.io/knftables"
+
+	"kurma.dev/kurma/pkg/kerrors"
+)
+
+const (
+	msgElems = 256      // elements per netlink message (16-bit attribute length)
+	txOps    = 400000   // element operations per transaction
+	sockBuf  = 64 << 20 // send buffer: one transaction is one sendmsg
+)
+
+// Config configures a Path.
+type Config struct {
+	// HostNS is the network namespace that plays the host; empty: the
+	// process's own.
+	HostNS string
+	// Table is the inet table (shared with the agent's other owners; we
+	// never delete it). Default "kurma-agent".
+	Table  string
+	Logger *slog.Logger
+}
+
+// Path programs NetworkPolicy for local pods. Safe for concurrent use.
+type Path struct {
+	cfg  Config
+	log  *slog.Logger
+	nsf  *os.File
+	nft  knftables.Interface
+	conn *nftables.Conn
+	tbl  *nftables.Table
+	sets [numSets]*nftables.Set
+
+	mu      sync.Mutex // guards everything below
+	owned   map[string][]elem
+	pods    map[string]Pod // the wanted state, by owner key
+	refs    map[elem]int32 // owners wanting each element
+	in      map[elem]bool  // the kernel's elements, as last read or written
+	pending map[elem]bool  // elements whose kernel state may differ
+}
+
+// New writes the skeleton (sets, chains) into the table; elements a
+// previous run left stay until Sync. It turns on bridge netfilter for
+// IPv4 so that bridged pod traffic meets the forward hook.
+func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
+	if cfg.Table == "" {
+		cfg.Table = "kurma-agent"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p := &Path{cfg: cfg, log: cfg.Logger, owned: map[string][]elem{}, pods: map[string]Pod{},
+		refs: map[elem]int32{}, in: map[elem]bool{}, pending: map[elem]bool{}}
+	nsPath := cfg.HostNS
+	if nsPath == "" {
+		nsPath = "/proc/self/ns/net"
+	}
+	f, err := os.Open(nsPath)
+	if err != nil {
+		return nil, kerrors.New(kerrors.NotFound, "policypath: host netns %s: %v", nsPath, err)
+	}
+	p.nsf = f
+	defer func() {
+		if retErr != nil {
+			_ = p.Close()
+		}
+	}()
+	p.conn, err = nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting(), nftables.WithSockOptions(bigBuffers))
+	if err != nil {
+		return nil, fmt.Errorf("policypath: nftables netlink: %w", err)
+	}
+	err = p.inHost(func() error {
+		err := os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-iptables", []byte("1"), 0o644)
+		if errors.Is(err, os.ErrNotExist) {
+			// No bridge netfilter (br_netfilter is not loaded, and an
+			// agent cannot load modules): routed traffic is still
+			// filtered; pod-to-pod traffic within one bridge is not.
+			p.log.Warn("bridge netfilter unavailable (load br_netfilter): NetworkPolicy does not apply between pods of one subnet on one node")
+		} else if err != nil {
+			return fmt.Errorf("bridge netfilter: %w", err)
+		}
+		p.nft, err = knftables.New(knftables.InetFamily, cfg.Table)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("policypath: %w", err)
+	}
+	p.tbl = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}
+	for i, d := range setDefs {
+		p.sets[i] = &nftables.Set{Table: p.tbl, Name: d.name, Interval: d.interval, Concatenation: d.keyLen > 4}
+	}
+	if err := p.writeSkeleton(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Chain names.
+const (
+	chainFwd = "pol-fwd"
+	chainIn  = "pol-in"
+	chainEg  = "pol-eg"
+)
+
+func (p *Path) writeSkeleton(ctx context.Context) error {
+	tx := p.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	for _, d := range setDefs {
+		s := &knftables.Set{Name: d.name, Type: d.decl}
+		if d.interval {
+			s.Flags = []knftables.SetFlag{knftables.IntervalFlag}
+		}
+		tx.Add(s)
+	}
+	look := func(chain, local, peer string, base int) {
+		tx.Add(&knftables.Chain{Name: chain})
+		tx.Flush(&knftables.Chain{Name: chain})
+		l, r := "ip "+local, "ip "+peer
+		for _, rule := range []struct {
+			set int
+			m   string
+		}{
+			{setInExact, l + " . " + r + " . meta l4proto . th dport"},
+			{setInPeer, l + " . " + r},
+			{setInPort, l + " . meta l4proto . th dport"},
+			{setInRange, l + " . " + r + " . meta l4proto . th dport"},
+			{setInCIDR, l + " . " + r},
+		} {
+			tx.Add(&knftables.Rule{Chain: chain, Rule: rule.m + " @" + setDefs[base+rule.set].name + " return"})
+		}
+		tx.Add(&knftables.Rule{Chain: chain, Rule: "drop"})
+	}
+	look(chainIn, "daddr", "saddr", 0)
+	look(chainEg, "saddr", "daddr", setEgExact-setInExact)
+	typ, hook, prio := knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority
+	tx.Add(&knftables.Chain{Name: chainFwd, Type: &typ, Hook: &hook, Priority: &prio,
+		Comment: knftables.PtrTo("NetworkPolicy of local pods")})
+	tx.Flush(&knftables.Chain{Name: chainFwd})
+	for _, r := range []string{
+		"ct state established,related accept",
+		"ip daddr @" + setDefs[setInIso].name + " jump " + chainIn,
+		"ip saddr @" + setDefs[setEgIso].name + " jump " + chainEg,
+	} {
+		tx.Add(&knftables.Rule{Chain: chainFwd, Rule: r})
+	}
+	if err := p.inHost(func() error { return p.nft.Run(ctx, tx) }); err != nil {
+		return fmt.Errorf("policypath: write table %s: %w", p.cfg.Table, err)
+	}
+	return nil
+}
+
+// Close releases the handles; the kernel state stays.
+func (p *Path) Close() error {
+	if p.conn != nil {
+		_ = p.conn.CloseLasting()
+	}
+	if p.nsf != nil {
+		_ = p.nsf.Close()
+	}
+	return nil
+}
+
+func (p *Path) inHost(f func() error) error {
+	if p.cfg.HostNS == "" {
+		return f()
+	}
+	return ns.WithNetNSPath(p.cfg.HostNS, func(ns.NetNS) error { return f() })
+}
+
+// Apply sets the wanted state of the pods in changes (nil: the pod is
+// gone) and commits what differs in one transaction.
+func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, pod := range changes {
+		p.setOwner(k, pod)
+	}
+	return p.commit(ctx)
+}
+
+func (p *Path) setOwner(k string, pod *Pod) {
+	old := p.owned[k]
+	els := elementsOf(pod)
+	if pod == nil {
+		delete(p.owned, k)
+		delete(p.pods, k)
+	} else {
+		p.owned[k] = els
+		p.pods[k] = *pod
+	}
+	// Only the difference touches the mirror: a pod's change usually
+	// keeps most of its elements.
+	keep := make(map[elem]bool, len(els))
+	for _, e := range els {
+		keep[e] = true
+	}
+	for _, e := range old {
+		if keep[e] {
+			delete(keep, e) // in both: unchanged
+			continue
+		}
+		if p.refs[e]--; p.refs[e] <= 0 {
+			delete(p.refs, e)
+		}
+		p.pending[e] = true
+	}
+	for e := range keep {
+		p.refs[e]++
+		p.pending[e] = true
+	}
+}
+
+// Sync makes the kernel hold exactly the elements of all: it reads every
+// set back and commits the difference.
+func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.writeSkeleton(ctx); err != nil {
+		return err
+	}
+	clear(p.owned)
+	clear(p.pods)
+	clear(p.refs)
+	clear(p.in)
+	clear(p.pending)
+	for k, pod := range all {
+		if pod != nil {
+			p.setOwner(k, pod)
+		}
+	}
+	for i, s := range p.sets {
+		els, err := p.conn.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("policypath: read set %s: %w", s.Name, err)
+		}
+		for _, el := range els {
+			if el.IntervalEnd {
+				continue
+			}
+			e := elem{set: uint8(i), key: string(el.Key)}
+			if setDefs[i].interval {
+				e.key += string(el.KeyEnd)
+			}
+			p.in[e] = true
+			p.pending[e] = true
+		}
+	}
+	return p.commit(ctx)
+}
+
+type op struct {
+	e   elem
+	del bool
+}
+
+// commit brings every pending element to its wanted state: one netlink
+// transaction, deletions first.
+func (p *Path) commit(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("policypath: %w", err)
+	}
+	var ops []op
+	for e := range p.pending {
+		want, have := p.refs[e] > 0, p.in[e]
+		if want != have {
+			ops = append(ops, op{e, have})
+		}
+	}
+	slices.SortFunc(ops, func(a, b op) int {
+		if a.del != b.del {
+			if a.del {
+				return -1
+			}
+			return 1
+		}
+		return int(a.e.set) - int(b.e.set)
+	})
+	for len(ops) > 0 {
+		tx := ops[:min(len(ops), txOps)]
+		ops = ops[len(tx):]
+		for i := 0; i < len(tx); {
+			j := i + 1
+			for j < len(tx) && j-i < msgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
+				j++
+			}
+			els := make([]nftables.SetElement, 0, j-i)
+			for _, o := range tx[i:j] {
+				els = append(els, p.element(o.e))
+			}
+			var err error
+			if tx[i].del {
+				err = p.conn.SetDeleteElements(p.sets[tx[i].e.set], els)
+			} else {
+				err = p.conn.SetAddElements(p.sets[tx[i].e.set], els)
+			}
+			if err != nil {
+				return fmt.Errorf("policypath: %w", err)
+			}
+			i = j
+		}
+		if err := p.conn.Flush(); err != nil {
+			return fmt.Errorf("policypath: nft transaction of %d changes: %w", len(tx), err)
+		}
+		for _, o := range tx {
+			if o.del {
+				delete(p.in, o.e)
+			} else {
+				p.in[o.e] = true
+			}
+		}
+	}
+	clear(p.pending)
+	return nil
+}
+
+func (p *Path) element(e elem) nftables.SetElement {
+	d := setDefs[e.set]
+	if !d.interval {
+		return nftables.SetElement{Key: []byte(e.key)}
+	}
+	return nftables.SetElement{Key: []byte(e.key[:d.keyLen]), KeyEnd: []byte(e.key[d.keyLen:])}
+}
+
+// Elements reports how many elements the kernel holds, as last written
+// (a metric).
+func (p *Path) Elements() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.in)
+}
+
+// bigBuffers lets one sendmsg carry a large transaction.
+func bigBuffers(c *mnl.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sockBuf),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
+	})
+	return errors.Join(err, serr)
+}

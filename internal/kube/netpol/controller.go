@@ -1,0 +1,353 @@
+package netpol
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"kurma.dev/kurma/internal/kube/podnet"
+	"kurma.dev/kurma/pkg/kerrors"
+)
+
+// Datapath programs the computed rules (the agent's policypath, through
+// an adapter). Apply gets the pods whose rules changed (nil: gone), Sync
+// the whole state, and must make the kernel equal to it.
+type Datapath interface {
+	Apply(ctx context.Context, changes map[string]*Rules) error
+	Sync(ctx context.Context, all map[string]*Rules) error
+}
+
+// Config configures a Controller.
+type Config struct {
+	Kube     kubernetes.Interface
+	NodeName string
+	Datapath Datapath
+	// Resync is the period of the full Sync that repairs drift (default
+	// 5 minutes); a failed Apply also leads to one.
+	Resync  time.Duration
+	Logger  *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// Controller watches pods, namespaces and NetworkPolicies, keeps an
+// Engine and programs its changes.
+type Controller struct {
+	cfg  Config
+	log  *slog.Logger
+	fac  informers.SharedInformerFactory
+	m    *metrics
+	kick chan struct{}
+	// synced reports, per watch, that its handler has seen the initial
+	// list.
+	synced []cache.InformerSynced
+
+	mu         sync.Mutex // guards everything below
+	eng        *Engine
+	since      time.Time             // the oldest event not yet programmed
+	programmed map[string]netip.Addr // local pod -> address whose rules are in the kernel
+	waiters    map[string][]chan struct{}
+	ready      bool // the first full Sync is done
+	needFull   bool
+}
+
+// New builds the watches (started by Run).
+func New(cfg Config) (*Controller, error) {
+	if cfg.Kube == nil || cfg.NodeName == "" || cfg.Datapath == nil {
+		return nil, kerrors.New(kerrors.Invalid, "netpol: a Kubernetes client, a node name and a datapath are required")
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 5 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Controller{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Metrics), kick: make(chan struct{}, 1),
+		eng: NewEngine(cfg.NodeName), programmed: map[string]netip.Addr{}, waiters: map[string][]chan struct{}{}}
+	c.fac = informers.NewSharedInformerFactory(cfg.Kube, 0)
+	pods := c.fac.Core().V1().Pods().Informer()
+	if err := pods.SetTransform(compactPod); err != nil {
+		return nil, fmt.Errorf("netpol: %w", err)
+	}
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		set func(any)
+		del func(any)
+	}{
+		{pods, func(o any) {
+			if p, ok := o.(*corev1.Pod); ok {
+				c.eng.SetPod(PodFrom(p))
+			}
+		}, func(o any) {
+			if p, ok := o.(*corev1.Pod); ok {
+				c.eng.DeletePod(p.Namespace, p.Name)
+			}
+		}},
+		{c.fac.Core().V1().Namespaces().Informer(), func(o any) {
+			if n, ok := o.(*corev1.Namespace); ok {
+				c.eng.SetNamespace(n.Name, n.Labels)
+			}
+		}, func(o any) {
+			if n, ok := o.(*corev1.Namespace); ok {
+				c.eng.DeleteNamespace(n.Name)
+			}
+		}},
+		{c.fac.Networking().V1().NetworkPolicies().Informer(), func(o any) {
+			if np, ok := o.(*networkingv1.NetworkPolicy); ok {
+				if err := c.eng.SetPolicy(np); err != nil {
+					c.log.Warn("netpol: policy does not compile; it denies all for the pods it selects", "policy", np.Namespace+"/"+np.Name, "err", err)
+				}
+			}
+		}, func(o any) {
+			if np, ok := o.(*networkingv1.NetworkPolicy); ok {
+				c.eng.DeletePolicy(np.Namespace, np.Name)
+			}
+		}},
+	}
+	for _, h := range handlers {
+		set, del := h.set, h.del
+		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.event(func() { set(o) }) },
+			UpdateFunc: func(_, o any) { c.event(func() { set(o) }) },
+			DeleteFunc: func(o any) {
+				if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+					o = t.Obj
+				}
+				c.event(func() { del(o) })
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("netpol: %w", err)
+		}
+		c.synced = append(c.synced, reg.HasSynced)
+	}
+	return c, nil
+}
+
+// compactPod keeps only what the engine reads, so that a watch of every
+// pod of the cluster costs little memory.
+func compactPod(o any) (any, error) {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return o, nil
+	}
+	c := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID,
+		ResourceVersion: p.ResourceVersion, Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIPs: p.Status.PodIPs}}
+	if a, ok := p.Annotations[podnet.Annotation]; ok && len(p.Status.PodIPs) == 0 {
+		c.Annotations = map[string]string{podnet.Annotation: a}
+	}
+	for _, ctr := range p.Spec.Containers {
+		var ports []corev1.ContainerPort
+		for _, cp := range ctr.Ports {
+			if cp.Name != "" {
+				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
+			}
+		}
+		if len(ports) > 0 {
+			c.Spec.Containers = append(c.Spec.Containers, corev1.Container{Ports: ports})
+		}
+	}
+	return c, nil
+}
+
+// event applies f to the engine and wakes the sync loop.
+func (c *Controller) event(f func()) {
+	c.mu.Lock()
+	f()
+	if c.eng.Dirty() > 0 && c.since.IsZero() {
+		c.since = time.Now()
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run starts the watches, programs the full state once they have
+// synced, then each change, until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	c.fac.Start(ctx.Done())
+	defer c.fac.Shutdown()
+	// The handlers' own sync, not only the caches': the first full sync
+	// must see every object the initial lists returned.
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("netpol: watches did not sync: %w", context.Cause(ctx))
+	}
+	c.mu.Lock()
+	c.needFull = true
+	c.mu.Unlock()
+	resync := time.NewTicker(c.cfg.Resync)
+	defer resync.Stop()
+	retry := time.Duration(0)
+	for {
+		var err error
+		if c.takeFull() {
+			err = c.full(ctx)
+		} else {
+			err = c.partial(ctx)
+		}
+		if err != nil {
+			c.m.errors.Inc()
+			c.log.Error("netpol: sync failed; a full sync follows", "err", err)
+			c.mu.Lock()
+			c.needFull = true
+			c.mu.Unlock()
+			retry = min(max(2*retry, 100*time.Millisecond), 10*time.Second)
+		} else {
+			retry = 0
+		}
+		var after <-chan time.Time
+		if retry > 0 {
+			after = time.After(retry)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.kick:
+		case <-after:
+		case <-resync.C:
+			c.mu.Lock()
+			c.needFull = true
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *Controller) takeFull() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.needFull
+	c.needFull = false
+	return f
+}
+
+// full recomputes every local pod and makes the kernel equal to it.
+func (c *Controller) full(ctx context.Context) error {
+	start := time.Now()
+	c.mu.Lock()
+	c.eng.Compute()
+	all := c.eng.All()
+	since := c.since
+	c.since = time.Time{}
+	c.mu.Unlock()
+	if err := c.cfg.Datapath.Sync(ctx, all); err != nil {
+		return err
+	}
+	c.m.observe("full", start, since)
+	c.mu.Lock()
+	clear(c.programmed)
+	for k, r := range all {
+		c.programmed[k] = r.IP
+	}
+	c.ready = true
+	c.wakeAll()
+	c.mu.Unlock()
+	c.log.Info("netpol: full sync", "local_pods", len(all), "took", time.Since(start))
+	return nil
+}
+
+// partial programs the dirty pods' changes.
+func (c *Controller) partial(ctx context.Context) error {
+	start := time.Now()
+	c.mu.Lock()
+	ch := c.eng.Compute()
+	since := c.since
+	c.since = time.Time{}
+	c.mu.Unlock()
+	if len(ch) > 0 {
+		if err := c.cfg.Datapath.Apply(ctx, ch); err != nil {
+			return err
+		}
+		c.m.observe("partial", start, since)
+	}
+	c.mu.Lock()
+	for k, r := range ch {
+		if r == nil {
+			delete(c.programmed, k)
+		} else {
+			c.programmed[k] = r.IP
+		}
+	}
+	c.wakeAll()
+	c.mu.Unlock()
+	return nil
+}
+
+// wakeAll wakes the waiters whose pod is programmed; c.mu is held.
+func (c *Controller) wakeAll() {
+	for k, ws := range c.waiters {
+		if _, ok := c.programmed[k]; !ok {
+			continue
+		}
+		for _, w := range ws {
+			close(w)
+		}
+		delete(c.waiters, k)
+	}
+}
+
+// WaitPod blocks until the rules of local pod namespace/name with address
+// ip are in the kernel (after the first full sync), or ctx ends. The CNI
+// ADD calls it before plugging the pod, so that a pod never sends or
+// receives a packet its policies forbid.
+func (c *Controller) WaitPod(ctx context.Context, namespace, name string, ip netip.Addr) error {
+	k := namespace + "/" + name
+	for {
+		c.mu.Lock()
+		if c.ready && c.programmed[k] == ip {
+			c.mu.Unlock()
+			return nil
+		}
+		w := make(chan struct{})
+		c.waiters[k] = append(c.waiters[k], w)
+		c.mu.Unlock()
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return fmt.Errorf("netpol: rules of pod %s (%v) not programmed: %w", k, ip, ctx.Err())
+		}
+	}
+}
+
+// metrics: sync latency (by kind), event-to-programmed latency, errors.
+type metrics struct {
+	sync, lag *prometheus.HistogramVec
+	errors    prometheus.Counter
+}
+
+var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		sync: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kurma_netpol_sync_seconds",
+			Help: "Time of one NetworkPolicy sync (compute and program), by kind (full, partial).", Buckets: buckets}, []string{"kind"}),
+		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kurma_netpol_programming_seconds",
+			Help: "From the oldest watch event a sync covers to its rules being in the kernel, by kind.", Buckets: buckets}, []string{"kind"}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kurma_netpol_sync_errors_total",
+			Help: "NetworkPolicy syncs that failed (each is followed by a full sync)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.sync, m.lag, m.errors)
+	}
+	return m
+}
+
+func (m *metrics) observe(kind string, start, since time.Time) {
+	m.sync.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	if !since.IsZero() {
+		m.lag.WithLabelValues(kind).Observe(time.Since(since).Seconds())
+	}
+}

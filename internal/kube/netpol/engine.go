@@ -1,0 +1,614 @@
+package netpol
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Engine computes the rules of one node's pods. Build it with NewEngine;
+// feed it with the Set and Delete methods; Compute returns the rules that
+// changed.
+type Engine struct {
+	node     string
+	pods     map[string]*Pod            // by namespace/name
+	byNS     map[string]map[string]*Pod // namespace -> name -> pod
+	nsLabels map[string]labels.Set
+	policies map[string]*policy            // by namespace/name
+	polByNS  map[string]map[string]*policy // namespace -> name -> policy
+	// polLocal: policy key -> the local pods it selected at their last
+	// computation; a change of a peer or namespace dirties them.
+	polLocal map[string]map[string]bool
+	podPols  map[string][]string // local pod -> the policies whose polLocal holds it
+	// polBySel groups each namespace's policies by podSelector, so that a
+	// pod is matched once per distinct selector.
+	polBySel map[string]map[string]*selGroup
+	rules    map[string]*Rules // last computed, by local pod key
+	// contrib counts, per local pod, how many (policy, rule, peer, port)
+	// contributions make each Allow, so that a peer's change is applied
+	// as a delta (peerDelta) instead of a recomputation.
+	contrib map[string]*podContrib
+	dirty   map[string]bool // local pods to recompute
+	deltas  map[string]bool // local pods whose contrib a delta changed
+	// memo holds, during one Compute, the pods each peer selector matched
+	// (policies often share selectors).
+	memo map[string][]*Pod
+}
+
+// NewEngine returns an empty engine for node.
+func NewEngine(node string) *Engine {
+	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{},
+		nsLabels: map[string]labels.Set{}, policies: map[string]*policy{}, polByNS: map[string]map[string]*policy{},
+		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
+		contrib: map[string]*podContrib{}, deltas: map[string]bool{}}
+}
+
+func (e *Engine) local(p *Pod) bool { return p != nil && p.Node == e.node }
+
+// SetPod adds or replaces a pod.
+func (e *Engine) SetPod(p *Pod) {
+	k := p.Key()
+	old := e.pods[k]
+	e.pods[k] = p
+	if e.byNS[p.Namespace] == nil {
+		e.byNS[p.Namespace] = map[string]*Pod{}
+	}
+	e.byNS[p.Namespace][p.Name] = p
+	e.podChanged(k, old, p)
+}
+
+// DeletePod forgets a pod.
+func (e *Engine) DeletePod(namespace, name string) {
+	k := namespace + "/" + name
+	old, ok := e.pods[k]
+	if !ok {
+		return
+	}
+	delete(e.pods, k)
+	delete(e.byNS[namespace], name)
+	if len(e.byNS[namespace]) == 0 {
+		delete(e.byNS, namespace)
+	}
+	e.podChanged(k, old, nil)
+}
+
+func (e *Engine) podChanged(k string, old, cur *Pod) {
+	if e.local(old) || e.local(cur) {
+		e.dirty[k] = true
+	}
+	if old != nil && cur != nil && old.IP == cur.IP && old.Inactive == cur.Inactive &&
+		maps.Equal(old.Labels, cur.Labels) && slices.Equal(old.Ports, cur.Ports) {
+		return // nothing a peer match depends on
+	}
+	names := map[string]bool{} // peerSig -> namesPeer(old) || namesPeer(cur)
+	for pk, locals := range e.polLocal {
+		if len(locals) == 0 {
+			continue
+		}
+		pol := e.policies[pk]
+		if pol == nil {
+			continue
+		}
+		hit, ok := names[pol.peerSig]
+		if !ok || pol.peerSig == "" {
+			hit = e.namesPeer(pol, old) || e.namesPeer(pol, cur)
+			names[pol.peerSig] = hit
+		}
+		if !hit {
+			continue
+		}
+		for l := range locals {
+			c := e.contrib[l]
+			if e.dirty[l] || c == nil {
+				e.dirty[l] = true
+				continue
+			}
+			// The local pod's rules are current but for this peer: take
+			// its old contributions out and put the new ones in.
+			lp := e.pods[l]
+			e.peerDelta(c, pol, lp, old, -1)
+			e.peerDelta(c, pol, lp, cur, 1)
+			e.deltas[l] = true
+		}
+	}
+}
+
+// podContrib is a local pod's isolation and counted contributions.
+type podContrib struct {
+	isoIn, isoEg bool
+	in, eg       map[Allow]int32
+}
+
+// peerDelta adds sign times what peer x contributes through pol's rules
+// to local pod l (exactly what addRule counts for x).
+func (e *Engine) peerDelta(c *podContrib, pol *policy, l, x *Pod, sign int32) {
+	if x == nil || !x.active() || l == nil {
+		return
+	}
+	apply := func(set map[Allow]int32, rs []rule, egress bool) {
+		for _, ru := range rs {
+			for _, a := range e.peerAllows(pol.namespace, ru, l, x, egress) {
+				if set[a] += sign; set[a] <= 0 {
+					delete(set, a)
+				}
+			}
+		}
+	}
+	if pol.ingress {
+		apply(c.in, pol.inRules, false)
+	}
+	if pol.egress {
+		apply(c.eg, pol.egRules, true)
+	}
+}
+
+// peerAllows lists, with repetitions, the Allows of rule ru that involve
+// pod x as a peer of local pod l: once per peer entry x matches and per
+// port, plus egress named ports reached through address ranges.
+func (e *Engine) peerAllows(polNS string, ru rule, l, x *Pod, egress bool) []Allow {
+	var out []Allow
+	one := func(pr Proto, lo, hi uint16) {
+		out = append(out, Allow{PeerLo: x.IP, PeerHi: x.IP, Proto: pr, PortLo: lo, PortHi: hi})
+	}
+	var ranges [][2]netip.Addr
+	if ru.allPeers {
+		ranges = append(ranges, [2]netip.Addr{anyLo, anyHi})
+	}
+	for _, pe := range ru.peers {
+		if pe.block {
+			ranges = append(ranges, pe.ranges...)
+			continue
+		}
+		if !e.peerMatches(polNS, pe, x) {
+			continue
+		}
+		if ru.allPorts {
+			one(0, 0, 0)
+			continue
+		}
+		for _, pt := range ru.ports {
+			switch {
+			case pt.name == "":
+				one(pt.proto, pt.lo, pt.hi)
+			case !egress:
+				if n, ok := l.namedPort(pt.name, pt.proto); ok {
+					one(pt.proto, n, n)
+				}
+			default:
+				if n, ok := x.namedPort(pt.name, pt.proto); ok {
+					one(pt.proto, n, n)
+				}
+			}
+		}
+	}
+	if egress && !ru.allPorts && len(ranges) > 0 && inRanges(ranges, x.IP) {
+		for _, pt := range ru.ports {
+			if pt.name == "" {
+				continue
+			}
+			if n, ok := x.namedPort(pt.name, pt.proto); ok {
+				one(pt.proto, n, n)
+			}
+		}
+	}
+	return out
+}
+
+// namesPeer reports whether a rule of pol may allow p as a peer.
+func (e *Engine) namesPeer(pol *policy, p *Pod) bool {
+	if !p.active() {
+		return false
+	}
+	check := func(rs []rule, egress bool) bool {
+		for _, r := range rs {
+			named := false
+			for _, pt := range r.ports {
+				named = named || pt.name != ""
+			}
+			if r.allPeers && egress && named {
+				return true
+			}
+			for _, pe := range r.peers {
+				if pe.block {
+					if egress && named && inRanges(pe.ranges, p.IP) {
+						return true
+					}
+					continue
+				}
+				if e.peerMatches(pol.namespace, pe, p) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return (pol.ingress && check(pol.inRules, false)) || (pol.egress && check(pol.egRules, true))
+}
+
+func (e *Engine) peerMatches(polNS string, pe peer, p *Pod) bool {
+	if pe.nsSel == nil {
+		if p.Namespace != polNS {
+			return false
+		}
+	} else if !pe.nsSel.Matches(e.nsLabels[p.Namespace]) {
+		return false
+	}
+	return pe.pods == nil || pe.pods.Matches(labels.Set(p.Labels))
+}
+
+// SetNamespace records a namespace's labels.
+func (e *Engine) SetNamespace(name string, l map[string]string) {
+	old, ok := e.nsLabels[name]
+	e.nsLabels[name] = labels.Set(l)
+	if ok && maps.Equal(old, labels.Set(l)) {
+		return
+	}
+	e.dirtyNSPolicies()
+}
+
+// DeleteNamespace forgets a namespace.
+func (e *Engine) DeleteNamespace(name string) {
+	if _, ok := e.nsLabels[name]; !ok {
+		return
+	}
+	delete(e.nsLabels, name)
+	e.dirtyNSPolicies()
+}
+
+// dirtyNSPolicies dirties the local pods of every policy with a
+// namespaceSelector.
+func (e *Engine) dirtyNSPolicies() {
+	for pk, locals := range e.polLocal {
+		pol := e.policies[pk]
+		if pol == nil || !pol.usesNS() {
+			continue
+		}
+		for l := range locals {
+			e.dirty[l] = true
+		}
+	}
+}
+
+func (p *policy) usesNS() bool {
+	for _, rs := range [][]rule{p.inRules, p.egRules} {
+		for _, r := range rs {
+			for _, pe := range r.peers {
+				if pe.nsSel != nil {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// SetPolicy adds or replaces a policy. A policy that does not compile (the
+// API server validates them, so only a newer API's fields can cause
+// this) still isolates the pods it selects, with no allowed peer: it
+// fails closed. The error says why.
+func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
+	pol, err := compile(np)
+	if err != nil {
+		pol = &policy{namespace: np.Namespace, name: np.Name, selector: labels.Everything(), ingress: true, egress: true}
+		if s, serr := compileSelector(np); serr == nil {
+			pol.selector = s
+		}
+	}
+	k := np.Namespace + "/" + np.Name
+	e.dirtyPolicy(k)
+	if old := e.policies[k]; old != nil {
+		e.ungroup(old)
+	}
+	e.policies[k] = pol
+	e.group(pol)
+	if e.polByNS[pol.namespace] == nil {
+		e.polByNS[pol.namespace] = map[string]*policy{}
+	}
+	e.polByNS[pol.namespace][pol.name] = pol
+	for _, p := range e.byNS[pol.namespace] {
+		if e.local(p) && pol.selector.Matches(labels.Set(p.Labels)) {
+			e.dirty[p.Key()] = true
+		}
+	}
+	return err
+}
+
+// DeletePolicy forgets a policy.
+func (e *Engine) DeletePolicy(namespace, name string) {
+	k := namespace + "/" + name
+	if _, ok := e.policies[k]; !ok {
+		return
+	}
+	e.dirtyPolicy(k)
+	e.ungroup(e.policies[k])
+	delete(e.policies, k)
+	delete(e.polByNS[namespace], name)
+	if len(e.polByNS[namespace]) == 0 {
+		delete(e.polByNS, namespace)
+	}
+	delete(e.polLocal, k)
+}
+
+func (e *Engine) dirtyPolicy(k string) {
+	for l := range e.polLocal[k] {
+		e.dirty[l] = true
+	}
+}
+
+// Dirty reports how many local pods wait for Compute.
+func (e *Engine) Dirty() int { return len(e.dirty) }
+
+// Rules returns the last computed rules of a local pod (nil: none).
+func (e *Engine) Rules(key string) *Rules { return e.rules[key] }
+
+// All returns the last computed rules of every local pod.
+func (e *Engine) All() map[string]*Rules { return maps.Clone(e.rules) }
+
+// Compute recomputes the dirty local pods and returns those whose rules
+// changed: key -> new rules, nil when the pod is gone, not local or has no
+// address.
+func (e *Engine) Compute() map[string]*Rules {
+	out := map[string]*Rules{}
+	e.memo = map[string][]*Pod{}
+	defer func() { e.memo = nil }()
+	for k := range e.dirty {
+		p := e.pods[k]
+		var r *Rules
+		for _, pk := range e.podPols[k] {
+			if locals := e.polLocal[pk]; locals != nil {
+				delete(locals, k)
+				if len(locals) == 0 {
+					delete(e.polLocal, pk)
+				}
+			}
+		}
+		delete(e.podPols, k)
+		delete(e.contrib, k)
+		if e.local(p) && p.active() {
+			r = e.compute(p)
+		}
+		if old := e.rules[k]; !old.Equal(r) {
+			out[k] = r
+		}
+		if r == nil {
+			delete(e.rules, k)
+		} else {
+			e.rules[k] = r
+		}
+	}
+	for k := range e.deltas {
+		c, old := e.contrib[k], e.rules[k]
+		if e.dirty[k] || c == nil || old == nil {
+			continue
+		}
+		r := &Rules{IP: old.IP, Ingress: Dir{Isolated: c.isoIn}, Egress: Dir{Isolated: c.isoEg}}
+		r.Ingress.Allow = finish(&r.Ingress, c.in)
+		r.Egress.Allow = finish(&r.Egress, c.eg)
+		if !old.Equal(r) {
+			out[k] = r
+		}
+		e.rules[k] = r
+	}
+	clear(e.deltas)
+	clear(e.dirty)
+	return out
+}
+
+func (e *Engine) compute(l *Pod) *Rules {
+	r := &Rules{IP: l.IP}
+	var hin, heg int // size hints: the last rules' lengths
+	if old := e.rules[l.Key()]; old != nil {
+		hin, heg = len(old.Ingress.Allow), len(old.Egress.Allow)
+	}
+	in, eg := make(map[Allow]int32, hin), make(map[Allow]int32, heg)
+	lk := l.Key()
+	for _, g := range e.polBySel[l.Namespace] {
+		if !g.sel.Matches(labels.Set(l.Labels)) {
+			continue
+		}
+		for name, pol := range g.pols {
+			e.addPolicyTo(l, lk, name, pol, r, in, eg)
+		}
+	}
+	e.contrib[lk] = &podContrib{isoIn: r.Ingress.Isolated, isoEg: r.Egress.Isolated, in: in, eg: eg}
+	r.Ingress.Allow = finish(&r.Ingress, in)
+	r.Egress.Allow = finish(&r.Egress, eg)
+	return r
+}
+
+// addPolicyTo adds what policy pol allows to local pod l's rules.
+func (e *Engine) addPolicyTo(l *Pod, lk, name string, pol *policy, r *Rules, in, eg map[Allow]int32) {
+	{
+		pk := l.Namespace + "/" + name
+		if e.polLocal[pk] == nil {
+			e.polLocal[pk] = map[string]bool{}
+		}
+		e.polLocal[pk][lk] = true
+		e.podPols[lk] = append(e.podPols[lk], pk)
+		if pol.ingress {
+			r.Ingress.Isolated = true
+			for _, ru := range pol.inRules {
+				e.addRule(in, pol.namespace, ru, l, false)
+			}
+		}
+		if pol.egress {
+			r.Egress.Isolated = true
+			for _, ru := range pol.egRules {
+				e.addRule(eg, pol.namespace, ru, l, true)
+			}
+		}
+	}
+}
+
+// selGroup is the policies of one namespace that share a podSelector.
+type selGroup struct {
+	sel  labels.Selector
+	pols map[string]*policy // by name
+}
+
+func (e *Engine) group(pol *policy) {
+	gs := e.polBySel[pol.namespace]
+	if gs == nil {
+		gs = map[string]*selGroup{}
+		e.polBySel[pol.namespace] = gs
+	}
+	key := pol.selector.String()
+	g := gs[key]
+	if g == nil {
+		g = &selGroup{sel: pol.selector, pols: map[string]*policy{}}
+		gs[key] = g
+	}
+	g.pols[pol.name] = pol
+}
+
+func (e *Engine) ungroup(pol *policy) {
+	if pol == nil {
+		return
+	}
+	gs := e.polBySel[pol.namespace]
+	key := pol.selector.String()
+	if g := gs[key]; g != nil {
+		delete(g.pols, pol.name)
+		if len(g.pols) == 0 {
+			delete(gs, key)
+		}
+	}
+	if len(gs) == 0 {
+		delete(e.polBySel, pol.namespace)
+	}
+}
+
+// allowAll is the Allow of a rule without peers and ports.
+var allowAll = Allow{PeerLo: anyLo, PeerHi: anyHi}
+
+func finish(d *Dir, set map[Allow]int32) []Allow {
+	if !d.Isolated || set[allowAll] > 0 {
+		d.Isolated = false
+		return nil
+	}
+	out := make([]Allow, 0, len(set))
+	for a := range set {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, cmpAllow)
+	return out
+}
+
+// addRule adds what rule ru of a policy in namespace polNS allows for
+// local pod l.
+func (e *Engine) addRule(set map[Allow]int32, polNS string, ru rule, l *Pod, egress bool) {
+	// The peers: address ranges and pods.
+	var ranges [][2]netip.Addr
+	var pods []*Pod
+	if ru.allPeers {
+		ranges = append(ranges, [2]netip.Addr{anyLo, anyHi})
+	}
+	for _, pe := range ru.peers {
+		if pe.block {
+			ranges = append(ranges, pe.ranges...)
+			continue
+		}
+		pods = e.appendPeers(pods, polNS, pe)
+	}
+	add := func(lo, hi netip.Addr, pr Proto, plo, phi uint16) {
+		set[Allow{PeerLo: lo, PeerHi: hi, Proto: pr, PortLo: plo, PortHi: phi}]++
+	}
+	if ru.allPorts {
+		for _, rg := range ranges {
+			add(rg[0], rg[1], 0, 0, 0)
+		}
+		for _, p := range pods {
+			add(p.IP, p.IP, 0, 0, 0)
+		}
+		return
+	}
+	for _, pt := range ru.ports {
+		if pt.name == "" {
+			for _, rg := range ranges {
+				add(rg[0], rg[1], pt.proto, pt.lo, pt.hi)
+			}
+			for _, p := range pods {
+				add(p.IP, p.IP, pt.proto, pt.lo, pt.hi)
+			}
+			continue
+		}
+		if !egress { // resolved on the destination: the local pod
+			n, ok := l.namedPort(pt.name, pt.proto)
+			if !ok {
+				continue
+			}
+			for _, rg := range ranges {
+				add(rg[0], rg[1], pt.proto, n, n)
+			}
+			for _, p := range pods {
+				add(p.IP, p.IP, pt.proto, n, n)
+			}
+			continue
+		}
+		// Egress: resolved on each destination pod; a range reaches the
+		// pods whose addresses it holds.
+		for _, p := range pods {
+			if n, ok := p.namedPort(pt.name, pt.proto); ok {
+				add(p.IP, p.IP, pt.proto, n, n)
+			}
+		}
+		if len(ranges) > 0 {
+			for _, p := range e.pods {
+				if !p.active() || !inRanges(ranges, p.IP) {
+					continue
+				}
+				if n, ok := p.namedPort(pt.name, pt.proto); ok {
+					add(p.IP, p.IP, pt.proto, n, n)
+				}
+			}
+		}
+	}
+}
+
+func (e *Engine) appendPeers(out []*Pod, polNS string, pe peer) []*Pod {
+	var key string
+	if e.memo != nil {
+		key = polNS + "\x00" + selString(pe.pods) + "\x00" + selString(pe.nsSel)
+		if m, ok := e.memo[key]; ok {
+			return append(out, m...)
+		}
+		start := len(out)
+		defer func() { e.memo[key] = out[start:len(out):len(out)] }()
+	}
+	scan := func(ns string) {
+		for _, p := range e.byNS[ns] {
+			if p.active() && (pe.pods == nil || pe.pods.Matches(labels.Set(p.Labels))) {
+				out = append(out, p)
+			}
+		}
+	}
+	if pe.nsSel == nil {
+		scan(polNS)
+		return out
+	}
+	for ns := range e.byNS {
+		if pe.nsSel.Matches(e.nsLabels[ns]) {
+			scan(ns)
+		}
+	}
+	return out
+}
+
+func inRanges(rs [][2]netip.Addr, a netip.Addr) bool {
+	for _, r := range rs {
+		if r[0].Compare(a) <= 0 && a.Compare(r[1]) <= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func selString(s labels.Selector) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return s.String()
+}

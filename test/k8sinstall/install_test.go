@@ -1,0 +1,396 @@
+package k8sinstall
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/internal/testutil/kubecluster"
+)
+
+// settings are the documented edits of docs/install-kubernetes.md for this
+// cluster: the ConfigMap's REQUIRED keys, one watcher replica (one node),
+// and the host folders (the harness's node keeps its CNI folders, and
+// this test its state folders, under folders of their own).
+type settings struct {
+	apiHost, apiPort, controllerURL, serviceCIDR string
+	netnsDir                                     string            // where the runtime mounts pod namespaces
+	hostPaths                                    map[string]string // manifest hostPath → this node's
+}
+
+var hostPathLine = regexp.MustCompile(`(?m)^(\s+hostPath:\n\s+path: )(/\S*)$`)
+
+// edit applies s to one manifest's text, failing on a documented key that
+// is not found (the manifests changed: the document must too).
+func (s settings) edit(t *testing.T, name, text string) string {
+	t.Helper()
+	sub := func(old, new string) {
+		if !strings.Contains(text, old) {
+			t.Fatalf("%s: %q not found", name, old)
+		}
+		text = strings.ReplaceAll(text, old, new)
+	}
+	switch name {
+	case "00-config.yaml":
+		sub(`k8s-service-host: ""`, fmt.Sprintf("k8s-service-host: %q", s.apiHost))
+		sub(`k8s-service-port: "6443"`, fmt.Sprintf("k8s-service-port: %q", s.apiPort))
+		sub(`controller-url: ""`, fmt.Sprintf("controller-url: %q", s.controllerURL))
+		sub(`service-cidr: "10.96.0.0/12"`, fmt.Sprintf("service-cidr: %q", s.serviceCIDR))
+	case "20-watcher.yaml":
+		sub("replicas: 2", "replicas: 1")
+	case "30-agent.yaml":
+		sub("mountPath: /var/run/netns", "mountPath: "+s.netnsDir)
+	}
+	return hostPathLine.ReplaceAllStringFunc(text, func(line string) string {
+		m := hostPathLine.FindStringSubmatch(line)
+		p, ok := s.hostPaths[m[2]]
+		if !ok {
+			t.Fatalf("%s: hostPath %s has no documented setting here", name, m[2])
+		}
+		return m[1] + p
+	})
+}
+
+// writeManifests copies dir's manifests (and uninstall/) into out, edited.
+func (s settings) writeManifests(t *testing.T, dir, out string) {
+	t.Helper()
+	for _, sub := range []string{"", "uninstall"} {
+		files, err := filepath.Glob(filepath.Join(dir, sub, "*.yaml"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("manifests in %s: %v", filepath.Join(dir, sub), err)
+		}
+		if err := os.MkdirAll(filepath.Join(out, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := s.edit(t, filepath.Base(f), string(b))
+			if err := os.WriteFile(filepath.Join(out, sub, filepath.Base(f)), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// nodeState is what must be the same before install and after uninstall.
+type nodeState struct {
+	Links, Tables, Routes, Files []string
+}
+
+func snapshot(t *testing.T, ctx context.Context, c *kubecluster.Cluster, dirs ...string) nodeState {
+	t.Helper()
+	var s nodeState
+	if err := c.Do(func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			s.Links = append(s.Links, l.Attrs().Name+" "+l.Attrs().Alias)
+		}
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			s.Routes = append(s.Routes, r.String())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Command(ctx, "nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables: %v: %s", err, out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			s.Tables = append(s.Tables, l)
+		}
+	}
+	for _, d := range dirs {
+		_ = filepath.WalkDir(d, func(p string, _ os.DirEntry, err error) error {
+			if err == nil {
+				s.Files = append(s.Files, p)
+			}
+			return nil
+		})
+	}
+	for _, l := range [][]string{s.Links, s.Tables, s.Routes, s.Files} {
+		sort.Strings(l)
+	}
+	return s
+}
+
+func TestInstallAsDocumented(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := kubecluster.BinDir()
+	image := filepath.Join(bin, "images", "kurma.tar")
+	if _, err := os.Stat(image); err != nil {
+		t.Fatalf("%s not built (make image): %v", image, err)
+	}
+	c := kubecluster.StartT(t, kubecluster.Options{ServiceAccounts: true, ControllerManager: true, Scheduler: true,
+		SharedNetNS: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := c.Kubectl(ctx, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	// State folders of this node (the defaults are /var/lib/... and /run/kurma).
+	root := t.TempDir()
+	if _, err := os.Stat("/run/kurma"); err == nil {
+		t.Skip("/run/kurma exists on this host: another Kurma install? (this test removes it)")
+	}
+	t.Cleanup(func() { _ = os.RemoveAll("/run/kurma") }) // when the test fails before the uninstall
+	for _, d := range []string{"var/lib"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := settings{
+		apiHost: "127.0.0.1", apiPort: "6443", controllerURL: "http://" + kubecluster.NodeIP + ":9696",
+		serviceCIDR: kubecluster.ServiceCIDR, netnsDir: c.NetNSDir,
+		hostPaths: map[string]string{
+			"/opt/cni/bin": c.CNIBinDir,
+			"/etc/cni":     filepath.Dir(c.CNIConfDir),
+			// The shim, run by containerd on the host, dials the
+			// socket by its path in the conflist: the same on both sides.
+			"/run/kurma":                "/run/kurma",
+			"/run":                      "/run",
+			"/var/lib/kurma-agent":      filepath.Join(root, "var/lib/kurma-agent"),
+			"/var/lib/kurma-controller": filepath.Join(root, "var/lib/kurma-controller"),
+			"/var/lib":                  filepath.Join(root, "var/lib"),
+			"/var/run/netns":            c.NetNSDir,
+		},
+	}
+	if filepath.Base(c.CNIConfDir) != "net.d" {
+		t.Fatalf("the harness's conf dir %s is not <etc>/net.d", c.CNIConfDir)
+	}
+	manifests := filepath.Join(t.TempDir(), "kubernetes")
+	s.writeManifests(t, filepath.Join(testutil.RepoRoot(t), "deploy", "kubernetes"), manifests)
+
+	before := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma")
+
+	// The install, as docs/install-kubernetes.md lists it.
+	if err := c.ImportImage(ctx, image); err != nil {
+		t.Fatal(err)
+	}
+	kubectl("-n", "kube-system", "create", "secret", "generic", "kurma-controller-token",
+		"--from-literal=token="+randHex(t))
+	kubectl("label", "node", c.NodeName, "kurma.dev/controller=true")
+	applied := time.Now()
+	kubectl("apply", "-f", manifests)
+
+	ready := waitFor(t, ctx, "node Ready", func() (bool, string) {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, cond.Message
+			}
+		}
+		return false, "no Ready condition"
+	}, c)
+	// Every Kurma pod Ready (probes: synced with the API server and the controller).
+	waitFor(t, ctx, "kurma pods Ready", func() (bool, string) {
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=kurma"})
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(pods.Items) != 3 {
+			return false, fmt.Sprintf("%d pods", len(pods.Items))
+		}
+		for _, p := range pods.Items {
+			if !podReady(&p) {
+				return false, p.Name + " " + string(p.Status.Phase) + " not ready: " + podWhy(&p)
+			}
+		}
+		return true, ""
+	}, c)
+
+	// A pod and a ClusterIP Service.
+	labels := map[string]string{"app": "k8sinstall-echo"}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "k8sinstall-echo", Namespace: "default", Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "echo", Image: kubecluster.EchoImage,
+			ImagePullPolicy: corev1.PullNever, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}}}
+	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var podIP string
+	running := waitFor(t, ctx, "pod Running", func() (bool, string) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		podIP = p.Status.PodIP
+		return p.Status.Phase == corev1.PodRunning && podIP != "", string(p.Status.Phase) + " " + podWhy(p)
+	}, c)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "k8sinstall-echo", Namespace: "default"},
+		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "echo", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+	svc, err := c.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "ClusterIP answers", func() (bool, string) {
+		got, err := echo(ctx, c, svc.Spec.ClusterIP+":80")
+		return err == nil && got == "hello", fmt.Sprint(got, err)
+	}, c)
+	if got, err := echo(ctx, c, podIP+":8080"); err != nil || got != "hello" {
+		t.Fatalf("pod %s: %q %v", podIP, got, err)
+	}
+	fi, _ := os.Stat(image)
+	t.Logf("FIGURES image tarball %.1f MiB; apply → node Ready %v; apply → first pod Running %v",
+		float64(fi.Size())/(1<<20), ready.Sub(applied).Round(10*time.Millisecond), running.Sub(applied).Round(10*time.Millisecond))
+
+	// The uninstall, as documented: workloads first, then Kurma's
+	// DaemonSet and Deployments, then the uninstall DaemonSet, then the rest.
+	if err := c.Client.CoreV1().Services("default").Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubectl("delete", "pod", pod.Name, "--wait=true", "--timeout=2m")
+	kubectl("-n", "kube-system", "delete", "daemonset/kurma-agent", "deployment/kurma-k8s-watcher",
+		"deployment/kurma-controller", "--wait=true", "--timeout=2m")
+	waitFor(t, ctx, "kurma pods gone", func() (bool, string) {
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=kurma"})
+		return err == nil && len(pods.Items) == 0, fmt.Sprint(err)
+	}, c)
+	kubectl("apply", "-f", filepath.Join(manifests, "uninstall"))
+	kubectl("-n", "kube-system", "rollout", "status", "daemonset/kurma-uninstall", "--timeout=3m")
+	kubectl("delete", "-f", filepath.Join(manifests, "uninstall"), "--wait=true", "--timeout=2m")
+	kubectl("delete", "-f", manifests, "--ignore-not-found", "--wait=true", "--timeout=2m")
+	kubectl("-n", "kube-system", "delete", "secret", "kurma-controller-token")
+	kubectl("label", "node", c.NodeName, "kurma.dev/controller-")
+	waitFor(t, ctx, "uninstall pods gone", func() (bool, string) {
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/part-of=kurma"})
+		return err == nil && len(pods.Items) == 0, fmt.Sprint(err)
+	}, c)
+
+	after := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma")
+	for _, d := range []struct {
+		what          string
+		before, after []string
+	}{{"links", before.Links, after.Links}, {"nft tables", before.Tables, after.Tables},
+		{"routes", before.Routes, after.Routes}, {"files", before.Files, after.Files}} {
+		if !slices.Equal(d.before, d.after) {
+			t.Errorf("%s differ after uninstall:\nbefore %q\nafter  %q", d.what, d.before, d.after)
+		}
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func podWhy(p *corev1.Pod) string {
+	var b strings.Builder
+	for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil {
+			fmt.Fprintf(&b, "%s waiting %s %s; ", cs.Name, w.Reason, w.Message)
+		}
+		if x := cs.LastTerminationState.Terminated; x != nil {
+			fmt.Fprintf(&b, "%s last exit %d %s; ", cs.Name, x.ExitCode, x.Message)
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			fmt.Fprintf(&b, "%s: %s; ", c.Type, c.Message)
+		}
+	}
+	return b.String()
+}
+
+// echo sends "hello" to the echo app at addr from the node and returns
+// the line it answers.
+func echo(ctx context.Context, c *kubecluster.Cluster, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := c.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Write([]byte("hello\n")); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// waitFor polls cond until it holds and returns when it first did; on the
+// test's deadline it fails with cond's last word and the Kurma pods' logs.
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() (bool, string), c *kubecluster.Cluster) time.Time {
+	t.Helper()
+	last := ""
+	for {
+		ok, why := cond()
+		if ok {
+			return time.Now()
+		}
+		last = why
+		select {
+		case <-ctx.Done():
+			logs := podLogs(c)
+			pods, _ := c.Kubectl(context.Background(), "get", "pods", "-A", "-o", "wide")
+			t.Fatalf("%s: not reached (%s)\npods:\n%s\nkurma logs:\n%s", what, last, pods, logs)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func randHex(t *testing.T) string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// podLogs returns the tails of the Kurma pods' container logs, read from
+// the kubelet's log folder (kubectl logs needs a kubelet the API server
+// can reach; this one listens on loopback).
+func podLogs(c *kubecluster.Cluster) string {
+	var b strings.Builder
+	files, _ := filepath.Glob(filepath.Join(c.Dir, "kubelet", "pod-logs", "kube-system_kurma*", "*", "*.log"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		if len(data) > 3000 {
+			data = data[len(data)-3000:]
+		}
+		fmt.Fprintf(&b, "--- %s\n%s\n", f, data)
+	}
+	return b.String()
+}
