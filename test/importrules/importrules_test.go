@@ -33,6 +33,8 @@ const (
 // is none. A sentence that starts with a marker but lists no backquoted
 // pattern is an error, so a rule cannot silently stop applying.
 func parseRule(doc string) (r rule, ok bool, err string) {
+	// A rule may be broken across lines anywhere, the marker included.
+	doc = strings.Join(strings.Fields(doc), " ")
 	marker := importMarker
 	i := strings.Index(doc, marker)
 	if j := strings.Index(doc, dependMarker); j >= 0 && (i < 0 || j < i) {
@@ -177,6 +179,8 @@ func TestParseRule(t *testing.T) {
 		{"except", "Must not import: `kurma.dev/kurma/...` (except\n`kurma.dev/kurma/pkg/kerrors`).", true, "",
 			[]string{"kurma.dev/kurma/..."}, []string{"kurma.dev/kurma/pkg/kerrors"}},
 		{"no pattern", "Must not import: the daemon.", true, "rule lists no `pattern`", nil, nil},
+		{"marker broken across a line", "It uses x. Must not\nimport: `net/http`.", true, "", []string{"net/http"}, nil},
+		{"depend marker broken", "Must not depend\n  on: `a`.", true, "", []string{"a"}, nil},
 		{"no period", "Must not import: `a`", true, "rule does not end with a period", []string{"a"}, nil},
 		{"depend", "Must not depend on: `net/http`.", true, "", []string{"net/http"}, nil},
 	}

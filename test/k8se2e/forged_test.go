@@ -31,7 +31,7 @@ import (
 // victim plugged.
 func TestForgedAnnotation(t *testing.T) {
 	testutil.RequireRoot(t)
-	e, sock := kubetest.StartWithDriver(t, kubecluster.Options{Scheduler: true})
+	e, sock := kubetest.StartWithDriver(t, kubecluster.Options{ControllerManager: true, Scheduler: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	kc := e.C.Client

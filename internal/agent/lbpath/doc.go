@@ -99,7 +99,8 @@
 // Every Apply is one netlink transaction (plus, only when a member count
 // first appears or last disappears, one nft -f transaction for its pick
 // chain); it touches only the elements whose wanted value differs from
-// the mirror of the kernel. Sync rebuilds the elements as above and reads
+// its record of the kernel's state (each element's slot keeps both what is
+// wanted and what the kernel holds). Sync rebuilds the elements as above and reads
 // pick chains and local routes back, adding and removing what differs:
 // after a restart or kill -9 the table equals the given state.
 //
@@ -113,7 +114,8 @@
 // commit), sync.go (Sync, reading the kernel back, Check), routes.go,
 // conntrack.go, elements.go (keys and values of every set).
 //
-// Locking: Path.mu guards all mirrors and serialises transactions.
+// Locking: Path.mu guards the wanted and kernel state (elements, pick
+// chains, routes) and serialises transactions.
 //
 // It speaks only in its own LB and FIP types, never in the controller's or
 // the agent's. Must not import: `kurma.dev/kurma/internal/controller/...`, `kurma.dev/kurma/pkg/controllerapi`, `kurma.dev/kurma/internal/agent`, `kurma.dev/kurma/internal/agent/datapath`.

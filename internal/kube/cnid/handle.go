@@ -22,6 +22,7 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/podnet"
+	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -249,9 +250,16 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 		d.m.observePhase("policy", time.Since(start))
 	}
 	start = time.Now()
-	if _, err := d.cfg.Agent.Attach(actx, n.PortID, attachment(rec)); err != nil {
+	port, err := d.cfg.Agent.Attach(actx, n.PortID, attachment(rec))
+	if err != nil {
 		notOwned = errors.Is(err, agent.ErrNotOwned)
 		return nil, d.agentError("plug port "+n.PortID, err)
+	}
+	// The result (the pod IP the kubelet reports, which Services and
+	// policies trust) comes from the annotation, which the pod's editors
+	// can write: it must carry the port's own addresses.
+	if e := sameAddresses(n, port); e != nil {
+		return nil, e
 	}
 	d.m.observePhase("attach", time.Since(start))
 	res, err := result(n, ifname, netnsPath)
@@ -267,6 +275,30 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// sameAddresses checks that an annotation names the MAC and addresses of
+// the controller's port.
+func sameAddresses(n podnet.Network, p controllerapi.Port) *types.Error {
+	var have []string
+	for _, f := range p.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil {
+			have = append(have, a.String())
+		} else {
+			have = append(have, f.IPAddress)
+		}
+	}
+	var want []string
+	for _, pf := range n.Prefixes() {
+		want = append(want, pf.Addr().String())
+	}
+	slices.Sort(have)
+	slices.Sort(want)
+	if !strings.EqualFold(n.MAC, p.MACAddress) || !slices.Equal(have, want) {
+		return cniError(cniwire.ErrPortNotOwned, "pod annotation's addresses are not its port's",
+			fmt.Sprintf("annotation %s %v, port %s %v", n.MAC, want, p.MACAddress, have))
+	}
+	return nil
 }
 
 // attachment is what the agent is asked to plug for a record: the pod's
