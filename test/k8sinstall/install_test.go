@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -276,6 +277,14 @@ func TestInstallAsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubectl("delete", "pod", pod.Name, "--wait=true", "--timeout=2m")
+	// The kubelet removes a deleted pod's sandbox at its next garbage
+	// collection (each minute); containerd 1.6 cannot stop one once the
+	// CNI configuration is gone (docs/install-kubernetes.md, step 1).
+	waitFor(t, ctx, "echo sandbox removed", func() (bool, string) {
+		out, err := exec.CommandContext(ctx, "ctr", "--address", c.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q",
+			`labels."io.kubernetes.pod.name"==`+pod.Name).CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) == "", fmt.Sprint(string(out), err)
+	}, c)
 	kubectl("-n", "kube-system", "delete", "daemonset/kurma-agent", "deployment/kurma-k8s-watcher",
 		"deployment/kurma-controller", "--wait=true", "--timeout=2m")
 	waitFor(t, ctx, "kurma pods gone", func() (bool, string) {
