@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -277,24 +276,6 @@ func TestInstallAsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubectl("delete", "pod", pod.Name, "--wait=true", "--timeout=2m")
-	// The kubelet removes a deleted pod's sandbox at its next garbage
-	// collection (each minute); containerd 1.6 cannot stop one once the
-	// CNI configuration is gone (docs/install-kubernetes.md, step 1).
-	// Bounded: if the kubelet keeps it, the cluster's Close reports it.
-	sctx, scancel := context.WithTimeout(ctx, 3*time.Minute)
-	for {
-		out, err := exec.CommandContext(sctx, "ctr", "--address", c.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q",
-			`labels."io.kubernetes.pod.name"=="`+pod.Name+`"`).CombinedOutput()
-		if err == nil && strings.TrimSpace(string(out)) == "" {
-			break
-		}
-		if sctx.Err() != nil {
-			t.Logf("the echo pod's sandbox is still there after 3 min (%s %v)", out, err)
-			break
-		}
-		time.Sleep(time.Second)
-	}
-	scancel()
 	kubectl("-n", "kube-system", "delete", "daemonset/kurma-agent", "deployment/kurma-k8s-watcher",
 		"deployment/kurma-controller", "--wait=true", "--timeout=2m")
 	waitFor(t, ctx, "kurma pods gone", func() (bool, string) {
