@@ -350,6 +350,14 @@ func (c *Cluster) removeSandboxes() error {
 	}
 	var errs []error
 	for _, sb := range list.Items {
+		// One the kubelet already stopped (CNI DEL done) is removed as
+		// it is: stopping it again runs CNI DEL again, which fails once
+		// a test has removed the CNI configuration (an uninstall).
+		if sb.State == cri.PodSandboxState_SANDBOX_NOTREADY {
+			if _, err := rs.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err == nil {
+				continue
+			}
+		}
 		if _, err := rs.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 			errs = append(errs, fmt.Errorf("CRI stop sandbox %s: %w", sb.Id, err))
 			continue
