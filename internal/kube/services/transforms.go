@@ -180,6 +180,13 @@ func compactSlice(obj any) (any, error) {
 	}
 	o := &sliceObj{objMeta: metaOf(&s.ObjectMeta), service: s.Labels[discoveryv1.LabelServiceName],
 		addrType: intern(s.AddressType, addressTypes)}
+	// As kube-proxy, a slice labelled for another proxy or headless
+	// belongs to no Service we serve.
+	for _, l := range []string{LabelServiceProxyName, LabelHeadless} {
+		if _, ok := s.Labels[l]; ok {
+			o.service = ""
+		}
+	}
 	if len(s.Ports) > 0 {
 		o.ports = make([]slicePort, len(s.Ports))
 		for i, p := range s.Ports {

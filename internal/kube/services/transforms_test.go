@@ -74,6 +74,13 @@ func TestCompactRecords(t *testing.T) {
 			t.Fatalf("%s: a Service with the label is served: %+v", l, w)
 		}
 	}
+	for _, l := range []string{LabelServiceProxyName, LabelHeadless} {
+		_, lsl := full()
+		lsl[0].Labels[l] = ""
+		if o, _ := compactSlice(lsl[0]); o.(*sliceObj).service != "" {
+			t.Fatalf("%s: a labelled slice still belongs to %q", l, o.(*sliceObj).service)
+		}
+	}
 	if k, err := cache.MetaNamespaceKeyFunc(so); err != nil || k != "ns/web" {
 		t.Fatalf("store key %q, %v; want ns/web", k, err)
 	}
