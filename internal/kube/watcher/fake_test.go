@@ -168,10 +168,20 @@ type trackedQueue struct {
 	workqueue.TypedRateLimitingInterface[string]
 	mu       sync.Mutex
 	inflight map[string]int
-	events   chan string // "add <key>", "done <key>"
+	// added holds the keys added and not yet handed to a worker: the
+	// queue's own Len drops when a worker takes a key, before inflight
+	// counts it, and idle must not see that gap as idle.
+	added  map[string]bool
+	events chan string // "add <key>", "done <key>"
 }
 
 func (q *trackedQueue) Add(k string) {
+	q.mu.Lock()
+	if q.added == nil {
+		q.added = map[string]bool{}
+	}
+	q.added[k] = true
+	q.mu.Unlock()
 	q.TypedRateLimitingInterface.Add(k)
 	q.events <- "add " + k
 }
@@ -181,6 +191,7 @@ func (q *trackedQueue) Get() (string, bool) {
 	if !quit {
 		q.mu.Lock()
 		q.inflight[k]++
+		delete(q.added, k)
 		q.mu.Unlock()
 	}
 	return k, quit
@@ -206,7 +217,7 @@ func (q *trackedQueue) busy(k string) bool {
 func (q *trackedQueue) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.inflight) == 0 && q.TypedRateLimitingInterface.Len() == 0
+	return len(q.inflight) == 0 && len(q.added) == 0 && q.TypedRateLimitingInterface.Len() == 0
 }
 
 // fakeEnv is a watcher on a fake clientset and a fake controller.
