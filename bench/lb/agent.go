@@ -302,61 +302,10 @@ func runCmd(name string, args ...string) error {
 // reading single elements back.
 func (b *agentBench) nfConn() (*mnl.Conn, error) { return b.nfConnAt(b.host) }
 
-// getElem asks the kernel for one element (NFT_MSG_GETSETELEM without
-// dump) and returns its data, or ok false when it does not exist.
-func getElem(c *mnl.Conn, table, set string, key []byte) ([]byte, bool, error) {
-	ae := mnl.NewAttributeEncoder()
-	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
-	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *mnl.AttributeEncoder) error {
-		ae.Nested(1, func(ae *mnl.AttributeEncoder) error {
-			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *mnl.AttributeEncoder) error {
-				ae.Bytes(unix.NFTA_DATA_VALUE, key)
-				return nil
-			})
-			return nil
-		})
-		return nil
-	})
-	attrs, err := ae.Encode()
-	if err != nil {
-		return nil, false, err
-	}
-	msg := mnl.Message{
-		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: mnl.Request}, // no ack: one reply, the element or an error
-		Data:   append([]byte{unix.NFPROTO_INET, 0, 0, 0}, attrs...),
-	}
-	req, err := c.Send(msg)
-	if err != nil {
-		return nil, false, err
-	}
-	resp, err := c.Receive()
-	if err == nil {
-		// The reply carries our sequence number; anything else is stale.
-		resp = slices.DeleteFunc(resp, func(m mnl.Message) bool { return m.Header.Sequence != req.Header.Sequence })
-		if len(resp) == 1 && resp[0].Header.Type == mnl.Error {
-			resp = nil
-		}
-	}
-	if err != nil {
-		var oe *mnl.OpError
-		if errors.As(err, &oe) && errors.Is(oe.Err, unix.ENOENT) {
-			return nil, false, nil
-		}
-		return nil, false, err
-	}
-	for _, m := range resp {
-		if len(m.Data) > 4 {
-			return m.Data[4:], true, nil
-		}
-	}
-	return nil, true, nil
-}
-
 func waitElem(c *mnl.Conn, table, set string, key []byte, want bool) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, ok, err := getElem(c, table, set, key)
+		_, ok, err := benchutil.GetElem(c, table, set, key)
 		if err != nil {
 			return fmt.Errorf("read element back: %w", err)
 		}
@@ -374,7 +323,7 @@ func waitElemVal(c *mnl.Conn, table, set string, key []byte, addr netip.Addr) er
 	a := addr.As4()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		data, ok, err := getElem(c, table, set, key)
+		data, ok, err := benchutil.GetElem(c, table, set, key)
 		if err != nil {
 			return fmt.Errorf("read element back: %w", err)
 		}

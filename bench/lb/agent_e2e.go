@@ -149,7 +149,7 @@ func runAgentE2E(ctx context.Context, sizes []int, creates int) ([]e2eRow, error
 		deadline := time.Now().Add(timeout)
 		for {
 			for _, set := range []string{"services-a", "services-b"} {
-				if _, ok, err := getElem(conn, "klbbiso", set, key); err != nil {
+				if _, ok, err := benchutil.GetElem(conn, "klbbiso", set, key); err != nil {
 					return err
 				} else if ok {
 					return nil

@@ -1,6 +1,6 @@
 // Package benchutil holds what the benchmarks under bench/ share: where the
 // built binaries are, percentiles of duration samples, milliseconds, and
-// throwaway network namespaces.
+// throwaway network namespaces, and one nftables element read back.
 //
 // Only the main packages under bench/ import it; it imports nothing from
 // Kurma.

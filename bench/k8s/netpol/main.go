@@ -51,6 +51,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kurma.dev/kurma/bench/internal/benchutil"
 	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/kube/netpol"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
@@ -389,7 +390,7 @@ func (b *bench) until(key []byte, want bool, limit time.Duration) error {
 	k := append(slices.Clone(key), 0, 0)
 	deadline := time.Now().Add(limit)
 	for {
-		ok, err := getElem(b.nf, table, "pol-in-exact", k)
+		_, ok, err := benchutil.GetElem(b.nf, table, "pol-in-exact", k)
 		if err != nil {
 			return err
 		}
@@ -444,47 +445,4 @@ func hwm(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM")
-}
-
-// getElem asks the kernel whether one element exists (NFT_MSG_GETSETELEM,
-// no dump).
-func getElem(c *mnl.Conn, table, set string, key []byte) (bool, error) {
-	ae := mnl.NewAttributeEncoder()
-	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
-	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *mnl.AttributeEncoder) error {
-		ae.Nested(1, func(ae *mnl.AttributeEncoder) error {
-			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *mnl.AttributeEncoder) error {
-				ae.Bytes(unix.NFTA_DATA_VALUE, key)
-				return nil
-			})
-			return nil
-		})
-		return nil
-	})
-	attrs, err := ae.Encode()
-	if err != nil {
-		return false, err
-	}
-	req, err := c.Send(mnl.Message{
-		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: mnl.Request},
-		Data:   append([]byte{unix.NFPROTO_INET, 0, 0, 0}, attrs...),
-	})
-	if err != nil {
-		return false, err
-	}
-	resp, err := c.Receive()
-	if err != nil {
-		var oe *mnl.OpError
-		if errors.As(err, &oe) && errors.Is(oe.Err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, err
-	}
-	for _, m := range resp {
-		if m.Header.Sequence == req.Header.Sequence && m.Header.Type != mnl.Error && len(m.Data) > 4 {
-			return true, nil
-		}
-	}
-	return false, nil
 }

@@ -476,7 +476,7 @@ func (b *bench) svcKey(vip string) []byte {
 // generation of the agent's sets.
 func (b *bench) vipLive(vip string) (bool, error) {
 	for _, set := range []string{"services-a", "services-b"} {
-		_, ok, err := getElem(b.nf, lbTable, set, b.svcKey(vip))
+		_, ok, err := benchutil.GetElem(b.nf, lbTable, set, b.svcKey(vip))
 		if err != nil || ok {
 			return ok, err
 		}
@@ -490,7 +490,7 @@ func (b *bench) memberLive(vip, addr string) (bool, error) {
 	for _, set := range []string{"backends-a", "backends-b"} {
 		for idx := range uint32(2) {
 			k := append(b.svcKey(vip), binary.NativeEndian.AppendUint32(nil, idx)...)
-			d, ok, err := getElem(b.nf, lbTable, set, k)
+			d, ok, err := benchutil.GetElem(b.nf, lbTable, set, k)
 			if err != nil {
 				return false, err
 			}
@@ -511,7 +511,7 @@ func npKey(port int32) []byte {
 // generation of the agent's sets.
 func (b *bench) nodePortLive(port int32) (bool, error) {
 	for _, set := range []string{"nodeports-a", "nodeports-b"} {
-		_, ok, err := getElem(b.nf, lbTable, set, npKey(port))
+		_, ok, err := benchutil.GetElem(b.nf, lbTable, set, npKey(port))
 		if err != nil || ok {
 			return ok, err
 		}
@@ -525,7 +525,7 @@ func (b *bench) nodePortMemberLive(port int32, addr string) (bool, error) {
 	a := netip.MustParseAddr(addr).As4()
 	for _, set := range []string{"nodeport-backends-a", "nodeport-backends-b"} {
 		for idx := range uint32(2) {
-			d, ok, err := getElem(b.nf, lbTable, set, binary.NativeEndian.AppendUint32(npKey(port), idx))
+			d, ok, err := benchutil.GetElem(b.nf, lbTable, set, binary.NativeEndian.AppendUint32(npKey(port), idx))
 			if err != nil {
 				return false, err
 			}
@@ -1007,48 +1007,4 @@ func cpuTime(p *kubecluster.Process) (time.Duration, error) {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(u+st) * 10 * time.Millisecond, nil
-}
-
-// getElem asks the kernel for one element (NFT_MSG_GETSETELEM, no dump)
-// and returns its data, or ok false when it does not exist.
-func getElem(c *mnl.Conn, table, set string, key []byte) ([]byte, bool, error) {
-	ae := mnl.NewAttributeEncoder()
-	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
-	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *mnl.AttributeEncoder) error {
-		ae.Nested(1, func(ae *mnl.AttributeEncoder) error {
-			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *mnl.AttributeEncoder) error {
-				ae.Bytes(unix.NFTA_DATA_VALUE, key)
-				return nil
-			})
-			return nil
-		})
-		return nil
-	})
-	attrs, err := ae.Encode()
-	if err != nil {
-		return nil, false, err
-	}
-	req, err := c.Send(mnl.Message{
-		Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETSETELEM), Flags: mnl.Request},
-		Data:   append([]byte{unix.NFPROTO_INET, 0, 0, 0}, attrs...),
-	})
-	if err != nil {
-		return nil, false, err
-	}
-	resp, err := c.Receive()
-	if err != nil {
-		var oe *mnl.OpError
-		if errors.As(err, &oe) && (errors.Is(oe.Err, unix.ENOENT)) {
-			return nil, false, nil
-		}
-		return nil, false, err
-	}
-	resp = slices.DeleteFunc(resp, func(m mnl.Message) bool { return m.Header.Sequence != req.Header.Sequence })
-	for _, m := range resp {
-		if m.Header.Type != mnl.Error && len(m.Data) > 4 {
-			return m.Data[4:], true, nil
-		}
-	}
-	return nil, false, nil
 }
