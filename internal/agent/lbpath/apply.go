@@ -12,6 +12,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"sigs.k8s.io/knftables"
+
+	"kurma.dev/kurma/internal/agent/nftbatch"
 )
 
 // Apply makes the changes live in one nft transaction that touches only
@@ -231,50 +233,23 @@ func (p *Path) commit(ctx context.Context) error {
 		}
 	}
 	// Deletions first (a replaced element is deleted, then added), grouped
-	// by set into messages of at most msgElems elements; one transaction
-	// unless the change is larger than txOps (only a cold sync is).
-	slices.SortFunc(ops, func(a, b op) int {
-		if a.del != b.del {
-			if a.del {
-				return -1
+	// by set into messages; one transaction unless the change is larger
+	// than nftbatch.TxOps (only a cold sync is).
+	err := nftbatch.Commit(p.conn, ops,
+		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
+		func(o op) nftables.SetElement {
+			if o.del {
+				return nftables.SetElement{Key: []byte(o.e.key)}
 			}
-			return 1
-		}
-		return int(a.e.set) - int(b.e.set)
-	})
-	for len(ops) > 0 {
-		tx := ops[:min(len(ops), txOps)]
-		ops = ops[len(tx):]
-		for i := 0; i < len(tx); {
-			j := i + 1
-			for j < len(tx) && j-i < msgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
-				j++
+			return p.element(o.e, o.val)
+		},
+		func(tx []op) {
+			for _, o := range tx {
+				p.setHave(o.e, !o.del, o.val)
 			}
-			els := make([]nftables.SetElement, 0, j-i)
-			for _, o := range tx[i:j] {
-				if o.del {
-					els = append(els, nftables.SetElement{Key: []byte(o.e.key)})
-				} else {
-					els = append(els, p.element(o.e, o.val))
-				}
-			}
-			var err error
-			if tx[i].del {
-				err = p.conn.SetDeleteElements(p.sets[tx[i].e.set], els)
-			} else {
-				err = p.conn.SetAddElements(p.sets[tx[i].e.set], els)
-			}
-			if err != nil {
-				return fmt.Errorf("lbpath: %w", err)
-			}
-			i = j
-		}
-		if err := p.conn.Flush(); err != nil {
-			return fmt.Errorf("lbpath: nft transaction of %d changes: %w", len(tx), err)
-		}
-		for _, o := range tx {
-			p.setHave(o.e, !o.del, o.val)
-		}
+		})
+	if err != nil {
+		return fmt.Errorf("lbpath: %w", err)
 	}
 	clear(p.pending)
 	p.flushUDP(stale)

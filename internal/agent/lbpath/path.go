@@ -19,16 +19,14 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
+	"kurma.dev/kurma/internal/agent/nftbatch"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const (
-	// msgElems bounds the elements of one netlink message: their list is
-	// one attribute, whose length field has 16 bits.
-	msgElems = 256
-	// txOps bounds the element operations of one transaction; only a cold
-	// sync of tens of thousands of load balancers is split.
-	txOps = 400000
+	// msgElems bounds the elements of one netlink message (as
+	// nftbatch.MsgElems, for the affinity purge's deletions).
+	msgElems = nftbatch.MsgElems
 	// sockBuf is the send buffer of our netlink socket: a transaction is
 	// one sendmsg.
 	sockBuf = 64 << 20

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"sync"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -15,13 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
+	"kurma.dev/kurma/internal/agent/nftbatch"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
 const (
-	msgElems = 256      // elements per netlink message (16-bit attribute length)
-	txOps    = 400000   // element operations per transaction
-	sockBuf  = 64 << 20 // send buffer: one transaction is one sendmsg
+	sockBuf = 64 << 20 // send buffer: one transaction is one sendmsg
 )
 
 // Config configures a Path.
@@ -280,48 +278,20 @@ func (p *Path) commit(ctx context.Context) error {
 			ops = append(ops, op{e, have})
 		}
 	}
-	slices.SortFunc(ops, func(a, b op) int {
-		if a.del != b.del {
-			if a.del {
-				return -1
+	err := nftbatch.Commit(p.conn, ops,
+		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
+		func(o op) nftables.SetElement { return p.element(o.e) },
+		func(tx []op) {
+			for _, o := range tx {
+				if o.del {
+					delete(p.in, o.e)
+				} else {
+					p.in[o.e] = true
+				}
 			}
-			return 1
-		}
-		return int(a.e.set) - int(b.e.set)
-	})
-	for len(ops) > 0 {
-		tx := ops[:min(len(ops), txOps)]
-		ops = ops[len(tx):]
-		for i := 0; i < len(tx); {
-			j := i + 1
-			for j < len(tx) && j-i < msgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
-				j++
-			}
-			els := make([]nftables.SetElement, 0, j-i)
-			for _, o := range tx[i:j] {
-				els = append(els, p.element(o.e))
-			}
-			var err error
-			if tx[i].del {
-				err = p.conn.SetDeleteElements(p.sets[tx[i].e.set], els)
-			} else {
-				err = p.conn.SetAddElements(p.sets[tx[i].e.set], els)
-			}
-			if err != nil {
-				return fmt.Errorf("policypath: %w", err)
-			}
-			i = j
-		}
-		if err := p.conn.Flush(); err != nil {
-			return fmt.Errorf("policypath: nft transaction of %d changes: %w", len(tx), err)
-		}
-		for _, o := range tx {
-			if o.del {
-				delete(p.in, o.e)
-			} else {
-				p.in[o.e] = true
-			}
-		}
+		})
+	if err != nil {
+		return fmt.Errorf("policypath: %w", err)
 	}
 	clear(p.pending)
 	return nil
