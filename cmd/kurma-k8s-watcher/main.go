@@ -145,7 +145,7 @@ func run() error {
 		}
 		scfg := services.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, ServiceCIDR: sp,
 			ServiceSubnet: *svcSubnet, ExternalNetwork: *extNet, Class: *lbClass, Workers: *workers,
-			Resync: *resync, Logger: log}
+			Resync: *resync, Metrics: reg, Logger: log}
 		if cfg.Lease != nil {
 			l := *cfg.Lease
 			scfg.Lease = &services.Lease{Namespace: l.Namespace, Name: *svcLease, Identity: l.Identity,
@@ -168,17 +168,23 @@ func run() error {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		// /healthz is readiness: informers synced and, when leading,
-		// set up with the controller. /livez: the process serves.
+		// set up with the controller; its body also gives each
+		// controller's state and the time of its last successful sync.
+		// /livez: the process serves.
 		mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 			err := w.Health()
-			if err == nil && svc != nil {
-				err = svc.Health()
+			status := "pods: " + w.Status().String() + "\n"
+			if svc != nil {
+				if err == nil {
+					err = svc.Health()
+				}
+				status += "services: " + svc.Status().String() + "\n"
 			}
 			if err != nil {
-				http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+				http.Error(rw, err.Error()+"\n"+status, http.StatusServiceUnavailable)
 				return
 			}
-			_, _ = rw.Write([]byte("ok\n"))
+			_, _ = rw.Write([]byte("ok\n" + status))
 		})
 		mux.HandleFunc("GET /livez", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
 		if err := serve(ctx, *metricsListen, mux, log); err != nil {

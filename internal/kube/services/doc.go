@@ -19,8 +19,10 @@
 //     spec.loadBalancerIP is requested as such; an address that is taken
 //     gives an Event and a False status condition, never another address.
 //
-// Shape (sample-controller style): informer handlers only enqueue the
-// Service's namespace/name on a rate-limited work queue, after a window
+// Shape (sample-controller style, on the scaffold of internal/kube/ctrl,
+// which owns the queue, lease, workers, metrics and health): informer
+// handlers only enqueue the Service's namespace/name on a rate-limited
+// work queue, after a window
 // of a few milliseconds so that a burst of changes to one Service and its
 // slices is synced once. A worker syncs one key by level: it computes the
 // wanted load balancer (desired.go, pure) and sends the smallest change

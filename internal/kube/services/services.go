@@ -2,16 +2,14 @@ package services
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,8 +20,8 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 
+	"kurma.dev/kurma/internal/kube/ctrl"
 	"kurma.dev/kurma/internal/kube/leader"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
@@ -90,7 +88,13 @@ type Config struct {
 	// Resync is the period of the full resync (default 60s).
 	Resync time.Duration
 	Lease  *Lease
-	Logger *slog.Logger
+	// Metrics, when set, receives the reconciler's Prometheus metrics
+	// (kurma_k8s_services_*, docs/kubernetes.md).
+	Metrics prometheus.Registerer
+	Logger  *slog.Logger
+
+	// wrapQueue, when set, wraps the work queue (tests).
+	wrapQueue func(ctrl.Queue) ctrl.Queue
 }
 
 // Reconciler keeps one load balancer (and floating IP) per Service. Build
@@ -100,7 +104,8 @@ type Reconciler struct {
 	kube kubernetes.Interface
 	c    Controller
 	log  *slog.Logger
-	q    workqueue.TypedRateLimitingInterface[string]
+	ctl  *ctrl.Controller // queue, lease, workers, metrics, health
+	q    ctrl.Queue       // ctl's
 	rec  record.EventRecorder
 	bc   record.EventBroadcaster
 
@@ -115,10 +120,6 @@ type Reconciler struct {
 	// informer index's per-slice cost.
 	sliceMu  sync.Mutex
 	slicesBy map[string][]string // guarded by sliceMu
-	synced   []cache.InformerSynced
-
-	synced0 atomic.Bool // the initial resync is done
-	leading atomic.Bool // lead runs
 
 	mu sync.Mutex
 	// lbs: by Service key, the load balancer the controller last
@@ -178,19 +179,8 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if l := cfg.Lease; l != nil {
-		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
-			return nil, kerrors.New(kerrors.Invalid, "services: lease namespace, name and identity are required")
-		}
-	}
 	r := &Reconciler{
 		cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
-		q: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedMaxOfRateLimiter(
-				workqueue.NewTypedItemExponentialFailureRateLimiter[string](20*time.Millisecond, 30*time.Second),
-				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(1000), 5000)},
-			),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-services"}),
 		lbs: map[string]lbEntry{}, fips: map[string]*controllerapi.FloatingIP{},
 		warned: map[types.UID]bool{},
 		waitIP: map[string]map[string]bool{}, slicesBy: map[string][]string{},
@@ -214,7 +204,18 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	r.svcInf, r.sliceInf, r.nodeInf = svcInf, sliceInf, nodeInf
 	r.svcIdx, r.sliceIdx = svcInf.GetIndexer(), sliceInf.GetIndexer()
-	r.synced = []cache.InformerSynced{svcInf.HasSynced, sliceInf.HasSynced, nodeInf.HasSynced}
+	ctl, err := ctrl.New(ctrl.Config{
+		Name: "kurma-k8s-services", Kube: cfg.Kube, Lease: cfg.Lease,
+		Informers: []cache.SharedInformer{svcInf, sliceInf, nodeInf},
+		Sync:      r.syncKey, Setup: r.setup, Workers: cfg.Workers, QPS: 1000, Burst: 5000,
+		ResyncKey: resyncKey, Resync: cfg.Resync,
+		Metrics: cfg.Metrics, MetricsPrefix: "kurma_k8s_services", KindOf: keyKind,
+		Logger: cfg.Logger, WrapQueue: cfg.wrapQueue,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("services: %w", err)
+	}
+	r.ctl, r.q = ctl, ctl.Queue()
 	if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { r.nodeChanged(nil, nodeOf(o)) },
 		UpdateFunc: func(old, o any) { r.nodeChanged(nodeOf(old), nodeOf(o)) },
@@ -326,106 +327,37 @@ func (r *Reconciler) enqueue(key string) { r.q.AddAfter(key, r.cfg.Coalesce) }
 // Lease is configured) makes sure the service subnet exists, runs a full
 // resync and the workers until ctx ends. It returns nil on cancellation.
 func (r *Reconciler) Run(ctx context.Context) error {
-	defer r.q.ShutDown()
-	var infs sync.WaitGroup
-	defer infs.Wait()
-	ictx, stop := context.WithCancel(ctx)
-	defer stop()
-	infs.Go(func() { r.svcInf.RunWithContext(ictx) })
-	infs.Go(func() { r.sliceInf.RunWithContext(ictx) })
-	infs.Go(func() { r.nodeInf.RunWithContext(ictx) })
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, r.synced...) {
-		return ctx.Err()
-	}
-	if r.cfg.Lease == nil {
-		return r.lead(ctx)
-	}
-	return leader.Run(ctx, r.kube, *r.cfg.Lease, "kurma-k8s-services", r.log, r.lead)
-}
-
-func (r *Reconciler) lead(ctx context.Context) error {
-	r.leading.Store(true)
-	defer r.leading.Store(false)
+	// Events go out only from the leader's syncs; a standby records none.
 	r.bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.kube.CoreV1().Events("")})
 	defer r.bc.Shutdown()
-	if err := r.setup(ctx); err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	// The first resync runs before the workers so that caches hold what
-	// the controller has: a restart then sends no write for a Service
-	// whose load balancer is already right.
-	for {
-		err := r.resync(ctx)
-		if err == nil {
-			break
-		}
-		r.log.Warn("services: initial resync failed; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
-	}
-	r.synced0.Store(true)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer r.q.ShutDown()
-	for range r.cfg.Workers {
-		wg.Go(func() { r.work(ctx) })
-	}
-	t := time.NewTicker(r.cfg.Resync)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			r.q.Add(resyncKey)
-		}
-	}
+	return r.ctl.Run(ctx)
 }
 
-func (r *Reconciler) work(ctx context.Context) {
-	for {
-		key, quit := r.q.Get()
-		if quit {
-			return
-		}
-		var err error
-		if key == resyncKey {
-			err = r.resync(ctx)
-		} else {
-			err = r.sync(ctx, key)
-		}
-		switch {
-		case err == nil || ctx.Err() != nil:
-			r.q.Forget(key)
-		default:
-			r.log.Warn("services: sync failed; retrying", "key", key, "err", err, "retries", r.q.NumRequeues(key))
-			r.q.AddRateLimited(key)
-		}
-		r.q.Done(key)
+// syncKey syncs one queued key: the resync or a Service's namespace/name.
+func (r *Reconciler) syncKey(ctx context.Context, key string) error {
+	if key == resyncKey {
+		return r.resync(ctx)
 	}
+	return r.sync(ctx, key)
 }
 
-// Synced reports whether the initial resync has finished (for tests and
-// readiness).
-func (r *Reconciler) Synced() bool { return r.synced0.Load() }
+// keyKind names a key's kind in kurma_k8s_services_sync_duration_seconds.
+func keyKind(key string) string {
+	if key == resyncKey {
+		return "resync"
+	}
+	return "service"
+}
+
+// Synced reports whether the leader's setup and first resync have
+// finished (for tests and readiness).
+func (r *Reconciler) Synced() bool { return r.ctl.Status().SetUp }
 
 // Health says why the reconciler is not ready, or nil: its informers
 // have not synced with the API server, or it leads and its first resync
 // with the controller has not finished. A synced standby is ready.
-func (r *Reconciler) Health() error {
-	for _, s := range r.synced {
-		if !s() {
-			return errors.New("services: informers not synced with the API server yet")
-		}
-	}
-	if r.leading.Load() && !r.synced0.Load() {
-		return errors.New("services: leader: first resync with the controller not done yet")
-	}
-	return nil
-}
+func (r *Reconciler) Health() error { return r.ctl.Health() }
+
+// Status reports the informers' sync, the leadership and the time of the
+// last successful sync.
+func (r *Reconciler) Status() ctrl.Status { return r.ctl.Status() }

@@ -6,33 +6,27 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"time"
 
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
-// setup waits for the cluster's VPC (internal/kube/watcher makes it),
-// makes sure the service subnet exists and looks up the external network,
-// retrying while the controller is unavailable.
+// setup is the leader's first step (internal/kube/ctrl retries it while
+// the controller is unavailable): it waits for the cluster's VPC
+// (internal/kube/watcher makes it), makes sure the service subnet exists,
+// looks up the external network, then runs the first resync, before the
+// workers start, so that the caches hold what the controller has: a
+// restart then sends no write for a Service whose load balancer is
+// already right.
 func (r *Reconciler) setup(ctx context.Context) error {
-	delay := 100 * time.Millisecond
-	for {
-		err := r.trySetup(ctx)
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, kerrors.Invalid) || errors.Is(err, kerrors.Unauthorized) || ctx.Err() != nil {
-			return fmt.Errorf("services: setup: %w", err)
-		}
-		r.log.Warn("services: setup failed; retrying", "err", err, "in", delay)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
+	if err := r.trySetup(ctx); err != nil {
+		return err
 	}
+	if err := r.resync(ctx); err != nil {
+		// Not permanent whatever its kind: the first resync is retried.
+		return fmt.Errorf("services: initial resync: %s", err)
+	}
+	return nil
 }
 
 func (r *Reconciler) trySetup(ctx context.Context) error {

@@ -18,11 +18,12 @@
 //   - a pod that is deleted, or has finished (Succeeded/Failed), loses its
 //     port.
 //
-// Shape (sample-controller style): informer handlers only enqueue keys
-// ("n/<namespace>", "p/<pod UID>", "resync") on a rate-limited work
-// queue; a fixed number of workers sync each key by level from the
-// listers and the controller, and failures are retried with exponential
-// backoff. Everything done for one pod (its port made, annotated or
+// Shape (sample-controller style, on the scaffold of internal/kube/ctrl,
+// which owns the queue, lease, workers, metrics and health): informer
+// handlers only enqueue keys ("n/<namespace>", "p/<pod UID>", "resync")
+// on a rate-limited work queue; a fixed number of workers sync each key
+// by level from the listers and the controller, and failures are retried
+// with exponential backoff. Everything done for one pod (its port made, annotated or
 // deleted) is done under its one key, so that the queue, which never
 // hands a key to two workers at once, orders a sync that read the pod
 // before its deletion before the one that sees it gone. A full resync (at
@@ -34,9 +35,9 @@
 // existing adopt it, and annotations are rewritten from the port.
 //
 // Leader election: with Config.Lease set, only the holder of that Lease
-// (client-go leaderelection) runs workers and writes; other replicas keep
-// warm caches. Losing the lease ends Run with ErrLostLease (the process
-// exits and restarts as a follower).
+// (client-go leaderelection, through internal/kube/ctrl) runs workers and
+// writes; other replicas keep warm caches. Losing the lease ends Run with
+// ErrLostLease (the process exits and restarts as a follower).
 //
 // Locking: Watcher.mu guards the subnet cache and serialises address-range
 // allocation (two namespaces never get the same range); it is never held

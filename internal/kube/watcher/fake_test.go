@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/util/workqueue"
 
+	"kurma.dev/kurma/internal/kube/ctrl"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
@@ -247,13 +248,13 @@ func startFake(t *testing.T, objs ...any) *fakeEnv {
 		}
 	}
 	fc := newFakeController()
+	q := &trackedQueue{inflight: map[string]int{}, events: make(chan string, 1<<12)}
 	w, err := New(Config{Kube: kube, Controller: fc, Resync: time.Hour, Workers: 4,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		wrapQueue: func(in ctrl.Queue) ctrl.Queue { q.TypedRateLimitingInterface = in; return q }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := &trackedQueue{TypedRateLimitingInterface: w.q, inflight: map[string]int{}, events: make(chan string, 1<<12)}
-	w.q = q
 	return &fakeEnv{t: t, kube: kube, fc: fc, w: w, q: q}
 }
 

@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strings"
 
-	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,8 +22,6 @@ import (
 )
 
 const resyncKey = "resync"
-
-func newLimiter() *rate.Limiter { return rate.NewLimiter(rate.Limit(200), 1000) }
 
 func everything() labels.Selector { return labels.Everything() }
 

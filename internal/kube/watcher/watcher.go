@@ -7,18 +7,17 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
+	"kurma.dev/kurma/internal/kube/ctrl"
 	"kurma.dev/kurma/internal/kube/leader"
 	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -74,6 +73,9 @@ type Config struct {
 	// FullPods caches whole Pod objects instead of the compact ones
 	// (compactPod): for the benchmark of the cache's size only.
 	FullPods bool
+
+	// wrapQueue, when set, wraps the work queue (tests).
+	wrapQueue func(ctrl.Queue) ctrl.Queue
 }
 
 // Owner is the device_owner of every port the watcher creates.
@@ -86,21 +88,16 @@ type Watcher struct {
 	kube kubernetes.Interface
 	c    Controller
 	log  *slog.Logger
-	q    workqueue.TypedRateLimitingInterface[string]
-	m    *metrics
+	ctl  *ctrl.Controller // queue, lease, workers, metrics, health
+	q    ctrl.Queue       // ctl's
 
-	factory informers.SharedInformerFactory
-	pods    listersv1.PodLister
-	podIdx  cache.Indexer
-	nss     listersv1.NamespaceLister
-	nodes   listersv1.NodeLister
-	synced  []cache.InformerSynced
+	pods   listersv1.PodLister
+	podIdx cache.Indexer
+	nss    listersv1.NamespaceLister
+	nodes  listersv1.NodeLister
 
 	mu      sync.Mutex                       // guards subnets; held while allocating a range
 	subnets map[string]*controllerapi.Subnet // by namespace UID
-
-	leading atomic.Bool // lead runs
-	setUp   atomic.Bool // this term's setup with the controller is done
 }
 
 const uidIndex = "uid"
@@ -134,59 +131,57 @@ func New(cfg Config) (*Watcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if l := cfg.Lease; l != nil {
-		if l.Namespace == "" || l.Name == "" || l.Identity == "" {
-			return nil, kerrors.New(kerrors.Invalid, "watcher: lease namespace, name and identity are required")
-		}
-	}
-	w := &Watcher{
-		cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
-		q: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedMaxOfRateLimiter(
-				workqueue.NewTypedItemExponentialFailureRateLimiter[string](20*time.Millisecond, 30*time.Second),
-				&workqueue.TypedBucketRateLimiter[string]{Limiter: newLimiter()},
-			),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "kurma-k8s-watcher"}),
-		subnets: map[string]*controllerapi.Subnet{},
-	}
-	w.m = newMetrics(cfg.Metrics, w.q.Len)
-	// No informer resync: the watcher's own full resync covers drift.
-	w.factory = informers.NewSharedInformerFactory(cfg.Kube, 0)
-	podInf := w.factory.Core().V1().Pods()
+	w := &Watcher{cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
+		subnets: map[string]*controllerapi.Subnet{}}
+	// Informers of their own, no informer resync (the watcher's own full
+	// resync covers drift), and no namespace index on pods (nothing here
+	// lists pods by namespace).
+	podInf := coreinformers.NewPodInformer(cfg.Kube, metav1.NamespaceAll, 0, cache.Indexers{
+		uidIndex: func(obj any) ([]string, error) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				return []string{string(p.UID)}, nil
+			}
+			return nil, nil
+		}})
 	if !cfg.FullPods {
-		if err := podInf.Informer().SetTransform(compactPod); err != nil {
+		if err := podInf.SetTransform(compactPod); err != nil {
 			return nil, fmt.Errorf("watcher: %w", err)
 		}
 	}
-	if err := podInf.Informer().AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
-		if p, ok := obj.(*corev1.Pod); ok {
-			return []string{string(p.UID)}, nil
-		}
-		return nil, nil
-	}}); err != nil {
+	nsInf := coreinformers.NewNamespaceInformer(cfg.Kube, 0, cache.Indexers{})
+	nodeInf := coreinformers.NewNodeInformer(cfg.Kube, 0, cache.Indexers{})
+	w.podIdx = podInf.GetIndexer()
+	w.pods = listersv1.NewPodLister(w.podIdx)
+	w.nss = listersv1.NewNamespaceLister(nsInf.GetIndexer())
+	w.nodes = listersv1.NewNodeLister(nodeInf.GetIndexer())
+	ctl, err := ctrl.New(ctrl.Config{
+		Name: "kurma-k8s-watcher", Kube: cfg.Kube, Lease: cfg.Lease,
+		Informers: []cache.SharedInformer{podInf, nsInf, nodeInf},
+		Sync:      w.sync, Setup: w.setup, Workers: cfg.Workers, QPS: 200, Burst: 1000,
+		ResyncKey: resyncKey, Resync: cfg.Resync,
+		Metrics: cfg.Metrics, MetricsPrefix: "kurma_k8s_watcher", KindOf: keyKind,
+		Logger: cfg.Logger, WrapQueue: cfg.wrapQueue,
+	})
+	if err != nil {
 		return nil, fmt.Errorf("watcher: %w", err)
 	}
-	nsInf := w.factory.Core().V1().Namespaces()
-	nodeInf := w.factory.Core().V1().Nodes()
-	w.pods, w.podIdx = podInf.Lister(), podInf.Informer().GetIndexer()
-	w.nss, w.nodes = nsInf.Lister(), nodeInf.Lister()
-	w.synced = []cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+	w.ctl, w.q = ctl, ctl.Queue()
 
-	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { w.onPod(o) },
 		UpdateFunc: func(_, o any) { w.onPod(o) },
 		DeleteFunc: func(o any) { w.onPodDelete(o) },
 	}); err != nil {
 		return nil, fmt.Errorf("watcher: %w", err)
 	}
-	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := nsInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { w.onNamespace(o) },
 		UpdateFunc: func(_, o any) { w.onNamespace(o) },
 		DeleteFunc: func(o any) { w.onNamespace(o) },
 	}); err != nil {
 		return nil, fmt.Errorf("watcher: %w", err)
 	}
-	if _, err := nodeInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(old, o any) { w.onNodeUpdate(old, o) },
 	}); err != nil {
 		return nil, fmt.Errorf("watcher: %w", err)
@@ -220,83 +215,27 @@ func compactPod(o any) (any, error) {
 // Run starts the informers, waits for their caches, and (as leader, when
 // a Lease is configured) sets up the project and VPC, runs a full resync
 // and the workers until ctx ends. It returns nil on cancellation.
-func (w *Watcher) Run(ctx context.Context) error {
-	defer w.q.ShutDown()
-	w.factory.Start(ctx.Done())
-	defer w.factory.Shutdown()
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, w.synced...) {
-		return ctx.Err()
-	}
-	if w.cfg.Lease == nil {
-		return w.lead(ctx)
-	}
-	return leader.Run(ctx, w.kube, *w.cfg.Lease, "kurma-k8s-watcher", w.log, w.lead)
-}
+func (w *Watcher) Run(ctx context.Context) error { return w.ctl.Run(ctx) }
 
 // Health says why the watcher is not ready, or nil: its informers have
 // not synced with the API server, or it leads and has not yet set up the
 // cluster's project and VPC with the controller. A standby whose
 // informers have synced is ready (it can take over at once).
-func (w *Watcher) Health() error {
-	for _, s := range w.synced {
-		if !s() {
-			return errors.New("informers not synced with the API server yet")
-		}
-	}
-	if w.leading.Load() && !w.setUp.Load() {
-		return errors.New("leader: setup with the controller not done yet")
-	}
-	return nil
-}
+func (w *Watcher) Health() error { return w.ctl.Health() }
 
-// lead is the leader's part of Run.
-func (w *Watcher) lead(ctx context.Context) error {
-	w.setUp.Store(false)
-	w.leading.Store(true)
-	defer w.leading.Store(false)
-	if err := w.setup(ctx); err != nil {
+// Status reports the informers' sync, the leadership and the time of the
+// last successful sync.
+func (w *Watcher) Status() ctrl.Status { return w.ctl.Status() }
+
+// setup is the leader's first step (ctrl retries it while the controller
+// is unavailable): the cluster's project and VPC exist, then a full
+// resync is queued.
+func (w *Watcher) setup(ctx context.Context) error {
+	if err := w.ensureProjectVPC(ctx); err != nil {
 		return err
 	}
-	w.setUp.Store(true)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer w.q.ShutDown()
-	for range w.cfg.Workers {
-		wg.Go(func() { w.work(ctx) })
-	}
 	w.q.Add(resyncKey)
-	t := time.NewTicker(w.cfg.Resync)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			w.q.Add(resyncKey)
-		}
-	}
-}
-
-// setup makes sure the cluster's project and VPC exist, retrying while
-// the controller is unavailable.
-func (w *Watcher) setup(ctx context.Context) error {
-	delay := 100 * time.Millisecond
-	for {
-		err := w.ensureProjectVPC(ctx)
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, kerrors.Invalid) || errors.Is(err, kerrors.Unauthorized) || ctx.Err() != nil {
-			return fmt.Errorf("watcher: setup: %w", err)
-		}
-		w.log.Warn("setup failed; retrying", "err", err, "in", delay)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
-	}
+	return nil
 }
 
 func (w *Watcher) ensureProjectVPC(ctx context.Context) error {
@@ -319,24 +258,4 @@ func (w *Watcher) ensureProjectVPC(ctx context.Context) error {
 		return err
 	}
 	return nil
-}
-
-func (w *Watcher) work(ctx context.Context) {
-	for {
-		key, quit := w.q.Get()
-		if quit {
-			return
-		}
-		start := time.Now()
-		err := w.sync(ctx, key)
-		w.m.observe(key, start, err)
-		switch {
-		case err == nil || ctx.Err() != nil:
-			w.q.Forget(key)
-		default:
-			w.log.Warn("sync failed; retrying", "key", key, "err", err, "retries", w.q.NumRequeues(key))
-			w.q.AddRateLimited(key)
-		}
-		w.q.Done(key)
-	}
 }
