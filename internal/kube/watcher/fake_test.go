@@ -33,6 +33,7 @@ type fakeController struct {
 	next        int
 	listSubnets int // ListSubnets calls
 	onCreate    func(p controllerapi.Port)
+	calls       []string // "create <id>", "delete <id>" of ports that changed the store
 }
 
 func newFakeController() *fakeController {
@@ -143,6 +144,7 @@ func (f *fakeController) CreatePort(_ context.Context, _ string, p controllerapi
 	p.MACAddress = fmt.Sprintf("02:00:00:00:%02x:%02x", f.next>>8, f.next&0xff)
 	p.FixedIPs = []controllerapi.FixedIP{{SubnetID: sn.ID, IPAddress: a.String()}}
 	f.ports[p.ID] = p
+	f.calls = append(f.calls, "create "+p.ID)
 	return &p, nil
 }
 
@@ -153,6 +155,7 @@ func (f *fakeController) DeletePort(_ context.Context, _, id string) error {
 		return kerrors.New(kerrors.NotFound, "port %s", id)
 	}
 	delete(f.ports, id)
+	f.calls = append(f.calls, "delete "+id)
 	return nil
 }
 
