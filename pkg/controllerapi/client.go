@@ -331,6 +331,17 @@ func (c *Client) SetPortStatus(ctx context.Context, projectID, id, status, reaso
 	return &out.Port, nil
 }
 
+// SetPortBinding binds a port to another host, keeping its addresses and
+// MAC (PortBindingUpdate).
+func (c *Client) SetPortBinding(ctx context.Context, projectID, id, hostID string) (*Port, error) {
+	var out PortBody
+	in := PortBindingUpdate{BindingHostID: hostID}
+	if err := c.do(ctx, http.MethodPut, "project/"+esc(projectID)+"/ports/"+esc(id)+"/binding", nil, in, &out); err != nil {
+		return nil, err
+	}
+	return &out.Port, nil
+}
+
 // Hosts.
 
 // RegisterHost registers or refreshes a host.

@@ -152,6 +152,16 @@ type PortStatusUpdate struct {
 	StatusReason string `json:"status_reason,omitempty"`
 }
 
+// PortBindingUpdate is the body of PUT project/<pid>/ports/<id>/binding,
+// which binds the port to another host (binding:host_id; empty: none),
+// keeping its addresses and MAC: a node whose agent's host id changed
+// keeps its running pods' ports. The port goes back to PENDING until the
+// new host's agent reports it; the old host's port watch sees it
+// DELETED.
+type PortBindingUpdate struct {
+	BindingHostID string `json:"binding:host_id"`
+}
+
 // Event is one line of a watch stream. Port is set on port watches, Host on
 // host watches, LoadBalancer or FloatingIP on load balancer watches
 // (WatchLoadBalancers); SYNCED events carry none. A DELETED event carries

@@ -142,3 +142,12 @@ func DecodeStatus(b []byte) (capi.PortStatusUpdate, error) {
 	}
 	return u, core.ValidStatus(u)
 }
+
+// DecodeBinding parses a PUT .../binding body.
+func DecodeBinding(b []byte) (capi.PortBindingUpdate, error) {
+	var u capi.PortBindingUpdate
+	if err := decodeStrict(b, &u); err != nil {
+		return u, err
+	}
+	return u, core.ValidBinding(u)
+}

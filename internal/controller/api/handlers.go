@@ -274,6 +274,29 @@ func (s *Server) setPortStatus(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, capi.PortBody{Port: p})
 }
 
+func (s *Server) setPortBinding(w http.ResponseWriter, r *http.Request) error {
+	pid, id := r.PathValue("pid"), r.PathValue("id")
+	if _, err := s.checkProject(r); err != nil {
+		return err
+	}
+	if err := core.ValidID("port", id); err != nil {
+		return err
+	}
+	b, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	u, err := DecodeBinding(b)
+	if err != nil {
+		return err
+	}
+	p, err := s.core.SetPortBinding(r.Context(), pid, id, u)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, capi.PortBody{Port: p})
+}
+
 func (s *Server) putHost(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if err := core.ValidID("host", id); err != nil {

@@ -108,6 +108,7 @@ func (s *Server) routes() {
 	h("GET /project/{pid}/ports/{id}", "port", s.getPort)
 	h("DELETE /project/{pid}/ports/{id}", "port", s.deletePort)
 	h("PUT /project/{pid}/ports/{id}/status", "port_status", s.setPortStatus)
+	h("PUT /project/{pid}/ports/{id}/binding", "port_binding", s.setPortBinding)
 
 	h("PUT /hosts/{id}", "host", s.putHost)
 	h("GET /hosts", "hosts", s.listHosts)

@@ -255,6 +255,68 @@ func (s *Core) SetPortStatus(ctx context.Context, pid, id string, u capi.PortSta
 	return capi.Port{}, kerrors.New(kerrors.Unavailable, "port %s: too many concurrent changes", id)
 }
 
+// ValidBinding checks a binding update: a host id fit for a store key.
+func ValidBinding(u capi.PortBindingUpdate) error {
+	if err := checkLen("binding:host_id", u.BindingHostID, 255); err != nil {
+		return err
+	}
+	if strings.ContainsAny(u.BindingHostID, "/\x00") {
+		return kerrors.New(kerrors.Invalid, "binding:host_id must not contain '/' or NUL")
+	}
+	return nil
+}
+
+// SetPortBinding binds port id of project pid to another host (empty:
+// none), keeping its addresses and MAC (compare-and-swap, retried): a
+// node whose agent's host id changed keeps its running pods' ports, whose
+// sandboxes were plugged once. The port goes back to PENDING until the
+// new host's agent reports it; the host index follows, and the old host's
+// port watch sees the port DELETED (Watch).
+func (s *Core) SetPortBinding(ctx context.Context, pid, id string, u capi.PortBindingUpdate) (capi.Port, error) {
+	if err := s.requireProject(ctx, pid); err != nil {
+		return capi.Port{}, err
+	}
+	if err := ValidID("port", id); err != nil {
+		return capi.Port{}, err
+	}
+	if err := ValidBinding(u); err != nil {
+		return capi.Port{}, err
+	}
+	k := portKey(pid, id)
+	for try := 0; try < 16; try++ {
+		p, err := s.readPort(ctx, pid, id)
+		if err != nil {
+			return p, err
+		}
+		if p.BindingHostID == u.BindingHostID {
+			return p, nil
+		}
+		old, oldHost := p.RevisionNumber, p.BindingHostID
+		p.BindingHostID = u.BindingHostID
+		p.Status, p.StatusReason = capi.StatusPending, "bound to host "+u.BindingHostID
+		p.UpdatedAt = now()
+		p.RevisionNumber = 0
+		txn := store.Txn{Conds: []store.Cond{{Kind: store.CondModRev, Key: k, Rev: old}},
+			Ops: []store.Op{{Kind: store.OpPut, Key: k, Value: mustJSON(p)}}}
+		if oldHost != "" {
+			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpDelete, Key: hostIdxKey(oldHost, pid, id)})
+		}
+		if p.BindingHostID != "" {
+			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpPut, Key: hostIdxKey(p.BindingHostID, pid, id)})
+		}
+		rev, err := s.st.Txn(ctx, txn)
+		if txnFailedOn(err, k) {
+			continue
+		}
+		if err != nil {
+			return p, err
+		}
+		p.RevisionNumber = rev
+		return p, nil
+	}
+	return capi.Port{}, kerrors.New(kerrors.Unavailable, "port %s: too many concurrent changes", id)
+}
+
 // subnetForRelease returns the parsed subnet (and its tracker when cached)
 // even while the subnet is marked for deletion, so ports can always be
 // deleted.

@@ -53,8 +53,8 @@ func toEvent(ev store.Event, k WatchKind) (capi.Event, error) {
 // keeps that host's ports; with peers as well, also every port of a VPC
 // in which the host has a port (what an agent needs for its remote FDB
 // and neighbour entries). It tracks the host's ports from the stream
-// itself, so it sees a VPC appear on or leave the host at the event that
-// does it.
+// itself, so it sees a VPC appear on or leave the host, and a port leave
+// the host (bound elsewhere), at the event that does it.
 type portFilter struct {
 	host  string
 	peers bool
@@ -64,31 +64,35 @@ type portFilter struct {
 
 func vpcOf(p *capi.Port) string { return p.ProjectID + "/" + p.VPCID }
 
-// track updates the host's ports for an event. It returns the VPC key
-// when the event brought the first host port into that VPC.
-func (f *portFilter) track(e *capi.Event, key string) (joined string) {
-	if !f.peers || e.Port == nil || e.Port.BindingHostID != f.host {
-		return ""
+// track updates the host's ports for an event. joined is the VPC key
+// when the event brought the first host port into that VPC (peers
+// watches only); left says that the event took a port the host had off
+// it (bound to another host, or deleted): the watch sends it to the host
+// as DELETED.
+func (f *portFilter) track(e *capi.Event, key string) (joined string, left bool) {
+	if f.host == "" || e.Port == nil {
+		return "", false
 	}
-	if e.Type == capi.EventDeleted {
-		if v, ok := f.local[key]; ok {
+	v, had := f.local[key]
+	if e.Port.BindingHostID != f.host || e.Type == capi.EventDeleted {
+		if had {
 			delete(f.local, key)
 			if f.vpcs[v]--; f.vpcs[v] <= 0 {
 				delete(f.vpcs, v)
 			}
 		}
-		return ""
+		return "", had
 	}
-	if _, ok := f.local[key]; ok {
-		return ""
+	if had {
+		return "", false
 	}
-	v := vpcOf(e.Port)
+	v = vpcOf(e.Port)
 	f.local[key] = v
 	f.vpcs[v]++
-	if f.vpcs[v] == 1 {
-		return v
+	if f.peers && f.vpcs[v] == 1 {
+		return v, false
 	}
-	return ""
+	return "", false
 }
 
 func (f *portFilter) keep(e *capi.Event) bool {
@@ -205,8 +209,17 @@ func (s *Core) Watch(ctx context.Context, req WatchRequest, sink Sink) error {
 				s.log.Warn("undecodable stored object in watch", "key", ev.Key, "err", err)
 				continue
 			}
-			joined := f.track(&e, ev.Key)
-			if f.keep(&e) {
+			joined, left := f.track(&e, ev.Key)
+			if left && e.Type != capi.EventDeleted {
+				// Bound to another host: gone from this one. (Still a
+				// port of a VPC the host is in, it follows as such.)
+				gone := e
+				gone.Type = capi.EventDeleted
+				if err := sink.Send(gone); err != nil {
+					return nil // client gone
+				}
+			}
+			if (left && e.Type == capi.EventDeleted) || f.keep(&e) {
 				if err := sink.Send(e); err != nil {
 					return nil // client gone
 				}

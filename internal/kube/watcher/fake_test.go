@@ -159,6 +159,19 @@ func (f *fakeController) DeletePort(_ context.Context, _, id string) error {
 	return nil
 }
 
+func (f *fakeController) SetPortBinding(_ context.Context, _, id, host string) (*controllerapi.Port, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.ports[id]
+	if !ok {
+		return nil, kerrors.New(kerrors.NotFound, "port %s", id)
+	}
+	p.BindingHostID = host
+	f.ports[id] = p
+	f.calls = append(f.calls, "rebind "+id+" "+host)
+	return &p, nil
+}
+
 func (f *fakeController) hasPort(id string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()

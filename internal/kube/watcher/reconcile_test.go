@@ -100,6 +100,8 @@ func TestSyncUID(t *testing.T) {
 		calls   []string
 		patched bool
 		host    string
+		// sameAddr: the port keeps the address and MAC it had.
+		sameAddr bool
 	}{
 		{name: "new pod gets port and annotation", objs: []runtime.Object{ns, node, pod},
 			calls: []string{"create pod-u1"}, patched: true, host: "n1"},
@@ -109,8 +111,13 @@ func TestSyncUID(t *testing.T) {
 			ports: []controllerapi.Port{port("n1")}},
 		{name: "port adopted, annotation written", objs: []runtime.Object{ns, node, pod},
 			ports: []controllerapi.Port{port("n1")}, patched: true, host: "n1"},
-		{name: "port bound to the old host id is replaced", objs: []runtime.Object{ns, nodeWithID, annotatedPod("n1")},
-			ports: []controllerapi.Port{port("n1")}, calls: []string{"delete pod-u1", "create pod-u1"}, patched: true, host: "host-7"},
+		// The node's host id changed (its agent restarted with another):
+		// the running pod keeps its port, address and MAC, rebound to the
+		// new host id. (Recreating the port gave the pod's annotation a
+		// new address that its sandbox, plugged once, never got.)
+		{name: "port bound to the old host id is rebound in place", objs: []runtime.Object{ns, nodeWithID, annotatedPod("n1")},
+			ports: []controllerapi.Port{port("n1")}, calls: []string{"rebind pod-u1 host-7"}, patched: true, host: "host-7",
+			sameAddr: true},
 		{name: "finished pod loses its port", objs: []runtime.Object{ns, node, withPhase(pod, corev1.PodSucceeded)},
 			ports: []controllerapi.Port{port("n1")}, calls: []string{"delete pod-u1"}},
 		{name: "failed pod loses its port", objs: []runtime.Object{ns, node, withPhase(pod, corev1.PodFailed)},
@@ -172,6 +179,9 @@ func TestSyncUID(t *testing.T) {
 			}
 			n, _ := nets.Default()
 			got := fc.ports[PortID("u1")]
+			if tc.sameAddr && (got.MACAddress != port("").MACAddress || got.FixedIPs[0].IPAddress != port("").FixedIPs[0].IPAddress) {
+				t.Fatalf("port %+v lost its address or MAC", got)
+			}
 			if n.PortID != PortID("u1") || n.PodUID != "u1" || n.HostID != tc.host || got.BindingHostID != tc.host ||
 				n.MAC != got.MACAddress || len(n.IPs) != 1 || n.IPs[0] != got.FixedIPs[0].IPAddress+"/16" {
 				t.Fatalf("annotation %+v for port %+v, host %s", n, got, tc.host)

@@ -182,8 +182,10 @@ func (w *Watcher) syncPod(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // ensurePort creates the pod's port, or adopts the one an earlier run
-// made. A port found bound elsewhere than the pod's node, or in another
-// subnet, is recreated.
+// made. A port found in another subnet is recreated; one bound to another
+// host id (the node's agent restarted with another) is rebound in place,
+// keeping its address and MAC: the pod's sandbox, plugged once, keeps
+// them.
 func (w *Watcher) ensurePort(ctx context.Context, pod *corev1.Pod, sn *controllerapi.Subnet, host string) (*controllerapi.Port, error) {
 	id := PortID(pod.UID)
 	want := controllerapi.Port{
@@ -210,7 +212,15 @@ func (w *Watcher) ensurePort(ctx context.Context, pod *corev1.Pod, sn *controlle
 		if p.BindingHostID == host && inSubnet(p, sn.ID) {
 			return p, nil
 		}
-		w.log.Warn("replacing port bound elsewhere", "port", id, "host", p.BindingHostID, "want", host)
+		if inSubnet(p, sn.ID) {
+			w.log.Info("rebinding port to the node's new host id", "port", id, "host", p.BindingHostID, "want", host)
+			rp, err := w.c.SetPortBinding(ctx, w.cfg.Project, id, host)
+			if err != nil {
+				return nil, fmt.Errorf("rebind port %s to host %s: %w", id, host, err)
+			}
+			return rp, nil
+		}
+		w.log.Warn("replacing port of another subnet", "port", id, "subnet", p.NetworkID, "want", sn.ID)
 		if err := w.c.DeletePort(ctx, w.cfg.Project, id); err != nil && !errors.Is(err, kerrors.NotFound) {
 			return nil, fmt.Errorf("replace port %s: %w", id, err)
 		}

@@ -42,6 +42,7 @@ type Controller interface {
 	ListPorts(ctx context.Context, projectID string, f controllerapi.PortFilter) ([]controllerapi.Port, error)
 	CreatePort(ctx context.Context, projectID string, p controllerapi.Port) (*controllerapi.Port, error)
 	DeletePort(ctx context.Context, projectID, id string) error
+	SetPortBinding(ctx context.Context, projectID, id, hostID string) (*controllerapi.Port, error)
 }
 
 var _ Controller = (*controllerapi.Client)(nil)
