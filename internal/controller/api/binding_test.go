@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"errors"
+	"iter"
 	"net/http"
 	"testing"
 
@@ -18,6 +19,15 @@ func TestPortBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// h1's agent (a watch without peers) sees the port go.
+	pull, stop := iter.Pull2(e.cli.WatchPorts(ctx, 0, "h1"))
+	defer stop()
+	if ev := next(t, pull); ev.Type != capi.EventAdded || ev.Port.ID != "a" {
+		t.Fatalf("replay %+v", ev)
+	}
+	if ev := next(t, pull); ev.Type != capi.EventSynced {
+		t.Fatalf("want SYNCED, got %+v", ev)
+	}
 	got, err := e.cli.SetPortBinding(ctx, e.pid, "a", "h2")
 	if err != nil {
 		t.Fatal(err)
@@ -25,6 +35,9 @@ func TestPortBinding(t *testing.T) {
 	if got.BindingHostID != "h2" || got.MACAddress != p.MACAddress || got.FixedIPs[0].IPAddress != p.FixedIPs[0].IPAddress ||
 		got.Status != capi.StatusPending {
 		t.Fatalf("rebound %+v, was %+v", got, p)
+	}
+	if ev := next(t, pull); ev.Type != capi.EventDeleted || ev.Port.ID != "a" {
+		t.Fatalf("h1's watch after the rebinding: %+v, want DELETED", ev)
 	}
 	if _, err := e.cli.SetPortBinding(ctx, e.pid, "zz", "h2"); !errors.Is(err, kerrors.NotFound) {
 		t.Fatalf("missing port: %v", err)

@@ -59,7 +59,7 @@ type portFilter struct {
 	host  string
 	peers bool
 	local map[string]string // port key -> VPC key (pid/vpc) of host's ports
-	vpcs  map[string]int    // VPC key -> number of host's ports in it
+	vpcs  map[string]int    // VPC key -> number of host's ports in it (peers watches only)
 }
 
 func vpcOf(p *capi.Port) string { return p.ProjectID + "/" + p.VPCID }
@@ -77,8 +77,10 @@ func (f *portFilter) track(e *capi.Event, key string) (joined string, left bool)
 	if e.Port.BindingHostID != f.host || e.Type == capi.EventDeleted {
 		if had {
 			delete(f.local, key)
-			if f.vpcs[v]--; f.vpcs[v] <= 0 {
-				delete(f.vpcs, v)
+			if f.peers {
+				if f.vpcs[v]--; f.vpcs[v] <= 0 {
+					delete(f.vpcs, v)
+				}
 			}
 		}
 		return "", had
@@ -88,8 +90,11 @@ func (f *portFilter) track(e *capi.Event, key string) (joined string, left bool)
 	}
 	v = vpcOf(e.Port)
 	f.local[key] = v
+	if !f.peers {
+		return "", false
+	}
 	f.vpcs[v]++
-	if f.peers && f.vpcs[v] == 1 {
+	if f.vpcs[v] == 1 {
 		return v, false
 	}
 	return "", false
