@@ -12,7 +12,8 @@
 //     that a pod that comes back under the same name (a StatefulSet) gets a
 //     new port and one UID can never own two ports; bound to the host id
 //     of the pod's node (the Node's kurma.dev/host-id annotation, else the
-//     Node name); its details are patched into the pod's
+//     Node name), and rebound in place, keeping address and MAC, when that
+//     host id changes; its details are patched into the pod's
 //     kurma.dev/pod-networks annotation (internal/kube/podnet) with the
 //     pod's UID as a precondition;
 //   - a pod that is deleted, or has finished (Succeeded/Failed), loses its
