@@ -135,7 +135,7 @@ func startKurma(t *testing.T, ctx context.Context) *kubecluster.Cluster {
 	}
 	opts := clusterOptions()
 	opts.CNIConfList, opts.CNIBinDir = cniwire.ConfList(sock, true), cniBin
-	e := kubetest.Start(t, opts)
+	e := kubetest.StartWithin(t, 2*time.Hour, opts) // queued behind other clusters
 	e.StartWatcher("--service-cidr", kubecluster.ServiceCIDR)
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
 		"--node-ip", kubecluster.NodeIP)
@@ -443,6 +443,9 @@ func TestUpstream(t *testing.T) {
 	}
 	out := table(runs)
 	fmt.Print(out)
+	if err := os.MkdirAll(filepath.Join(kubecluster.BinDir(), "conformance", set.Name), 0o755); err != nil {
+		t.Error(err)
+	}
 	if err := os.WriteFile(filepath.Join(kubecluster.BinDir(), "conformance", set.Name, "table.md"), []byte(out), 0o644); err != nil {
 		t.Error(err)
 	}
