@@ -314,10 +314,18 @@ func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 	if err := p.writeSkeleton(ctx); err != nil {
 		return err
 	}
-	clear(p.pods)
-	clear(p.refs)
-	clear(p.in)
-	clear(p.pending)
+	// Fresh maps sized for the state (a cold start would otherwise grow
+	// them through many rehashes; a resync drops the old ones).
+	n := 2 * len(all)
+	for _, pod := range all {
+		if pod != nil {
+			n += len(pod.Ingress.Allow) + len(pod.Egress.Allow)
+		}
+	}
+	p.pods = make(map[string]Pod, len(all))
+	p.refs = make(map[elem]int32, n)
+	p.in = make(map[elem]bool, n)
+	p.pending = make(map[elem]bool, n)
 	for k, pod := range all {
 		if pod != nil {
 			p.setOwner(k, pod)
