@@ -16,6 +16,9 @@ type Engine struct {
 	node     string
 	pods     map[string]*Pod            // by namespace/name
 	byNS     map[string]map[string]*Pod // namespace -> name -> pod
+	// localNS holds the local pods only, so that a policy's change looks
+	// at the node's pods of its namespace, not the cluster's.
+	localNS map[string]map[string]*Pod
 	nsLabels map[string]labels.Set
 	policies map[string]*policy            // by namespace/name
 	polByNS  map[string]map[string]*policy // namespace -> name -> policy
@@ -43,7 +46,7 @@ type Engine struct {
 
 // NewEngine returns an empty engine for node.
 func NewEngine(node string) *Engine {
-	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{},
+	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{}, localNS: map[string]map[string]*Pod{},
 		nsLabels: map[string]labels.Set{}, policies: map[string]*policy{}, polByNS: map[string]map[string]*policy{},
 		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, bySig: map[string]map[string]bool{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
 		contrib: map[string]*podContrib{}, deltas: map[string]bool{}}
@@ -60,7 +63,23 @@ func (e *Engine) SetPod(p *Pod) {
 		e.byNS[p.Namespace] = map[string]*Pod{}
 	}
 	e.byNS[p.Namespace][p.Name] = p
+	switch {
+	case e.local(p):
+		if e.localNS[p.Namespace] == nil {
+			e.localNS[p.Namespace] = map[string]*Pod{}
+		}
+		e.localNS[p.Namespace][p.Name] = p
+	case e.local(old):
+		e.unlocal(p.Namespace, p.Name)
+	}
 	e.podChanged(k, old, p)
+}
+
+func (e *Engine) unlocal(namespace, name string) {
+	delete(e.localNS[namespace], name)
+	if len(e.localNS[namespace]) == 0 {
+		delete(e.localNS, namespace)
+	}
 }
 
 // DeletePod forgets a pod.
@@ -75,6 +94,7 @@ func (e *Engine) DeletePod(namespace, name string) {
 	if len(e.byNS[namespace]) == 0 {
 		delete(e.byNS, namespace)
 	}
+	e.unlocal(namespace, name)
 	e.podChanged(k, old, nil)
 }
 
@@ -351,8 +371,8 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 		e.polByNS[pol.namespace] = map[string]*policy{}
 	}
 	e.polByNS[pol.namespace][pol.name] = pol
-	for _, p := range e.byNS[pol.namespace] {
-		if e.local(p) && pol.selector.Matches(labels.Set(p.Labels)) {
+	for _, p := range e.localNS[pol.namespace] {
+		if pol.selector.Matches(labels.Set(p.Labels)) {
 			e.policyDelta(p.Key(), k, pol, 1)
 		}
 	}
