@@ -13,12 +13,12 @@ import (
 // feed it with the Set and Delete methods; Compute returns the rules that
 // changed.
 type Engine struct {
-	node     string
-	pods     map[string]*Pod            // by namespace/name
-	byNS     map[string]map[string]*Pod // namespace -> name -> pod
+	node string
+	pods map[string]*Pod            // by namespace/name
+	byNS map[string]map[string]*Pod // namespace -> name -> pod
 	// localNS holds the local pods only, so that a policy's change looks
 	// at the node's pods of its namespace, not the cluster's.
-	localNS map[string]map[string]*Pod
+	localNS  map[string]map[string]*Pod
 	nsLabels map[string]labels.Set
 	policies map[string]*policy            // by namespace/name
 	polByNS  map[string]map[string]*policy // namespace -> name -> policy
