@@ -110,11 +110,15 @@ func runChild(ctx context.Context, kubeconfig string) error {
 		return err
 	}
 	rc.QPS, rc.Burst = 50, 100
+	rc.ContentType = "application/vnd.kubernetes.protobuf" // as kurma-agent's client
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	kc, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Debug: each partial sync logs its compute, total and lag (oldest
+	// event to rules in the kernel), which the parent reads back.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	pp, err := policypath.New(ctx, policypath.Config{Table: table, Logger: log})
 	if err != nil {
 		return err
@@ -164,6 +168,8 @@ type bench struct {
 	child *kubecluster.Process
 	log   *os.File
 	conn  *connTopo
+	// childLog is the policy process's log.
+	childLog string
 }
 
 type row struct {
@@ -174,6 +180,9 @@ type row struct {
 	elems                      int
 	conn50, conn99             time.Duration // (e) connect through the allowed path
 	mbps                       float64
+	// The policy process's own view of (b) and (c): its partial syncs'
+	// lag (oldest watch event to rules in the kernel) and compute time.
+	lag50, lag99, comp50, comp99 time.Duration
 }
 
 func run(ctx context.Context, sizes []int, adds, local int) error {
@@ -222,6 +231,14 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 	fmt.Printf("1,000 pods (%d on the node)\n", local)
 	if err := nftQueue(ctx); err != nil {
 		fmt.Printf("peer kube-network-policies v0.8.0 not run: it needs the nftables queue expression, which this kernel lacks (CONFIG_NFT_QUEUE): %v\n", err)
+	}
+	fmt.Println()
+	fmt.Println("In the policy process, per partial sync of (b) and (c): oldest watch event → rules in the kernel, and the engine's compute, p50 / p99:")
+	fmt.Println()
+	fmt.Println("| policies | event → kernel | compute |")
+	fmt.Println("|---|---|---|")
+	for _, r := range rows {
+		fmt.Printf("| %d | %s / %s | %s / %s |\n", r.n, ms(r.lag50), ms(r.lag99), ms(r.comp50), ms(r.comp99))
 	}
 	fmt.Println()
 	fmt.Println("| policies | (a) cold sync | (b) policy created → enforced p50 / p99 | (c) label change → enforced p50 / p99 | (d) RSS | elements | (e) connect p50 / p99 (× none) | (e) throughput (× none) |")
@@ -355,6 +372,7 @@ func (b *bench) startChild(ctx context.Context, n int) (time.Duration, error) {
 		return 0, err
 	}
 	logPath := fmt.Sprintf("%s/netpol-child-%d.log", b.c.Dir, n)
+	b.childLog = logPath
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return 0, err
@@ -446,6 +464,13 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	}
 	r.lbl50, r.lbl99 = pct(lblT)
 	fmt.Printf("N=%d samples (b) %v\nN=%d samples (c) %v\n", n, round(addT), n, round(lblT))
+	lags, comps, err := partialSyncs(b.childLog)
+	if err != nil {
+		return r, err
+	}
+	r.lag50, r.lag99 = pct(lags)
+	r.comp50, r.comp99 = pct(comps)
+	fmt.Printf("N=%d partial syncs: %d, lag p50/p99 %v/%v, compute p50/p99 %v/%v\n", n, len(lags), r.lag50, r.lag99, r.comp50, r.comp99)
 	r.rssKiB, _ = hwm(b.child.PID())
 	if r.conn50, r.conn99, r.mbps, err = b.conn.measure(connN, connDur); err != nil {
 		return r, fmt.Errorf("connect: %w", err)
@@ -498,6 +523,38 @@ func pct(ds []time.Duration) (time.Duration, time.Duration) {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2], s[min(len(s)-1, (len(s)*99+99)/100-1)]
+}
+
+// partialSyncs reads the lag and compute time of every partial sync the
+// policy process logged.
+func partialSyncs(path string) (lags, comps []time.Duration, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, "netpol: partial sync") {
+			continue
+		}
+		var lag, comp time.Duration
+		for _, f := range strings.Fields(l) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "lag":
+				lag, err = time.ParseDuration(v)
+			case "compute":
+				comp, err = time.ParseDuration(v)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %q: %w", path, l, err)
+			}
+		}
+		lags, comps = append(lags, lag), append(comps, comp)
+	}
+	return lags, comps, nil
 }
 
 func waitLog(path, msg string, limit time.Duration) error {
