@@ -25,7 +25,7 @@ TOOLS_CACHE := $(CACHE_ROOT)/tools-$(TOOLS_KEY)
 UPSTREAM_CNI := bridge host-local loopback portmap ptp macvlan ipvlan static tuning bandwidth firewall
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 
-.PHONY: all build binaries tools k8s e2e coredns conformance-images conformance images image deps test-deps test test-race test-install test-unit demo bench fuzz clean lint
+.PHONY: all build binaries tools k8s e2e coredns knp conformance-images conformance images image deps test-deps test test-race test-install test-unit demo bench fuzz clean lint
 
 all: build
 
@@ -117,6 +117,22 @@ coredns:
 	fi
 	@ln -f $(COREDNS_CACHE)/coredns $(BIN)/coredns/ 2>/dev/null || cp -f $(COREDNS_CACHE)/coredns $(BIN)/coredns/
 
+# kube-network-policies v0.8.0, the NetworkPolicy peer of test/conformance
+# (CONFORMANCE_SET=netpol) and bench/k8s/netpol, from the nested module
+# hack/knp, cached the same way.
+KNP_KEY := $(shell { $(GO) version; cat hack/knp/go.mod hack/knp/go.sum; } | sha256sum | cut -c1-16)
+KNP_CACHE := $(CACHE_ROOT)/knp-$(KNP_KEY)
+knp:
+	@mkdir -p $(BIN)/knp $(CACHE_ROOT)
+	@if [ ! -f $(KNP_CACHE)/.done ]; then \
+	  echo "building kube-network-policies into $(KNP_CACHE)"; \
+	  tmp=$$(mktemp -d $(CACHE_ROOT)/.tmp.XXXXXX) && \
+	  ( cd hack/knp && nice -n 5 $(GO) build -trimpath -ldflags='-s -w' -o $$tmp/kube-network-policies sigs.k8s.io/kube-network-policies/cmd ) || \
+	    { rm -rf $$tmp; exit 1; }; \
+	  touch $$tmp/.done && { mv -T $$tmp $(KNP_CACHE) 2>/dev/null || rm -rf $$tmp; }; \
+	fi
+	@ln -f $(KNP_CACHE)/kube-network-policies $(BIN)/knp/ 2>/dev/null || cp -f $(KNP_CACHE)/kube-network-policies $(BIN)/knp/
+
 # The offline images of the upstream e2e suite (hack/conformance-images.sh).
 conformance-images: binaries e2e coredns
 	@hack/conformance-images.sh $(BIN)
@@ -125,11 +141,13 @@ conformance-images: binaries e2e coredns
 # kube-proxy) and the kube-proxy (nftables) + bridge + portmap peer in the
 # same run (test/conformance). CONFORMANCE_SET=conformance (the 47
 # [Conformance] specs) or network (all of [sig-network] but [Feature:...],
-# [Disruptive] and cloud-only specs); CONFORMANCE_PEERS=kurma,kube-proxy;
+# [Disruptive] and cloud-only specs) or netpol ([Feature:NetworkPolicy],
+# peer kube-network-policies); CONFORMANCE_PEERS=kurma,kube-proxy (default:
+# the set's);
 # CONFORMANCE_FOCUS=<regexp> reruns some specs (reports under <set>-focus).
 CONFORMANCE_SET ?= conformance
-CONFORMANCE_PEERS ?= kurma,kube-proxy
-conformance: test-deps build conformance-images
+CONFORMANCE_PEERS ?=
+conformance: test-deps build conformance-images knp
 	KURMA_BIN_DIR=$(BIN) KURMA_CONFORMANCE_SET=$(CONFORMANCE_SET) KURMA_CONFORMANCE_PEERS=$(CONFORMANCE_PEERS) \
 	  KURMA_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
 	  $(GO) test -count=1 -timeout 4h -v -run '^TestUpstream$$' ./test/conformance 2>&1 | tee $(BIN)/conformance-$(CONFORMANCE_SET).log; exit $${PIPESTATUS[0]}

@@ -13,12 +13,18 @@
 //	    p50/p99 of -adds;
 //	(c) one pod label change (a remote pod becomes a peer): write returned
 //	    → its element in the kernel, p50/p99;
-//	(d) peak RSS (VmHWM) of the policy process.
+//	(d) peak RSS (VmHWM) of the policy process;
+//	(e) TCP connect latency (p50/p99 of 2,000) and one stream's
+//	    throughput through an allowed path (conn.go), against the same
+//	    path with no policy at all, measured first in the same run.
 //
-// The kernel is read back with one netlink element lookup (no dump). The
-// policy process is this binary with -child, run inside the cluster's
-// network namespace (the API server listens there), programming its own
-// table there. Peer kube-network-policies: not run (see bench/README.md).
+// Each sample of (b) and (c) is printed in write order. The kernel is read
+// back with one netlink element lookup (no dump). The policy process is
+// this binary with -child, run inside the cluster's network namespace (the
+// API server listens there), programming its own table there. Peer
+// kube-network-policies v0.8.0: it cannot run on a kernel without the
+// nftables queue expression (CONFIG_NFT_QUEUE); the bench probes for it
+// and prints the kernel's error (see bench/README.md).
 //
 // Run as root after `make build`: go run ./bench/k8s/netpol [-sizes 100,1000,10000].
 package main
@@ -104,11 +110,15 @@ func runChild(ctx context.Context, kubeconfig string) error {
 		return err
 	}
 	rc.QPS, rc.Burst = 50, 100
+	rc.ContentType = "application/vnd.kubernetes.protobuf" // as kurma-agent's client
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	kc, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Debug: each partial sync logs its compute, total and lag (oldest
+	// event to rules in the kernel), which the parent reads back.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	pp, err := policypath.New(ctx, policypath.Config{Table: table, Logger: log})
 	if err != nil {
 		return err
@@ -157,6 +167,9 @@ type bench struct {
 	npol  int // policies created so far
 	child *kubecluster.Process
 	log   *os.File
+	conn  *connTopo
+	// childLog is the policy process's log.
+	childLog string
 }
 
 type row struct {
@@ -165,6 +178,11 @@ type row struct {
 	add50, add99, lbl50, lbl99 time.Duration
 	rssKiB                     int64
 	elems                      int
+	conn50, conn99             time.Duration // (e) connect through the allowed path
+	mbps                       float64
+	// The policy process's own view of (b) and (c): its partial syncs'
+	// lag (oldest watch event to rules in the kernel) and compute time.
+	lag50, lag99, comp50, comp99 time.Duration
 }
 
 func run(ctx context.Context, sizes []int, adds, local int) error {
@@ -186,6 +204,19 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 	if err := b.fillPods(ctx); err != nil {
 		return err
 	}
+	// (e) the baseline: the policy process running, no policy at all.
+	if _, err := b.startChild(ctx, 0); err != nil {
+		return err
+	}
+	if b.conn, err = b.setupConn(ctx); err != nil {
+		return err
+	}
+	defer b.conn.close()
+	base := row{}
+	if base.conn50, base.conn99, base.mbps, err = b.conn.measure(connN, connDur); err != nil {
+		return fmt.Errorf("baseline connect: %w", err)
+	}
+	fmt.Printf("N=0: connect p50/p99 %v/%v, throughput %.0f Mbit/s\n", base.conn50, base.conn99, base.mbps)
 	var rows []row
 	for _, n := range sizes {
 		r, err := b.size(ctx, n, adds)
@@ -193,16 +224,66 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 			return fmt.Errorf("N=%d: %w", n, err)
 		}
 		rows = append(rows, r)
-		fmt.Printf("N=%d: cold %v, policy add p50/p99 %v/%v, label p50/p99 %v/%v, RSS %.0f MiB, %d elements\n",
-			n, r.cold, r.add50, r.add99, r.lbl50, r.lbl99, float64(r.rssKiB)/1024, r.elems)
+		fmt.Printf("N=%d: cold %v, policy add p50/p99 %v/%v, label p50/p99 %v/%v, RSS %.0f MiB, %d elements, connect p50/p99 %v/%v, %.0f Mbit/s\n",
+			n, r.cold, r.add50, r.add99, r.lbl50, r.lbl99, float64(r.rssKiB)/1024, r.elems, r.conn50, r.conn99, r.mbps)
 	}
 	fmt.Println()
-	fmt.Printf("1,000 pods (%d on the node); peer kube-network-policies not run\n\n", local)
-	fmt.Println("| policies | (a) cold sync | (b) policy created → enforced p50 / p99 | (c) label change → enforced p50 / p99 | (d) RSS | elements |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Printf("1,000 pods (%d on the node)\n", local)
+	if err := nftQueue(ctx); err != nil {
+		fmt.Printf("peer kube-network-policies v0.8.0 not run: it needs the nftables queue expression, which this kernel lacks (CONFIG_NFT_QUEUE): %v\n", err)
+	}
+	fmt.Println()
+	fmt.Println("In the policy process, per partial sync of (b) and (c): oldest watch event → rules in the kernel, and the engine's compute, p50 / p99:")
+	fmt.Println()
+	fmt.Println("| policies | event → kernel | compute |")
+	fmt.Println("|---|---|---|")
 	for _, r := range rows {
-		fmt.Printf("| %d | %s | %s / %s | %s / %s | %.0f MiB | %d |\n", r.n, ms(r.cold), ms(r.add50), ms(r.add99),
-			ms(r.lbl50), ms(r.lbl99), float64(r.rssKiB)/1024, r.elems)
+		fmt.Printf("| %d | %s / %s | %s / %s |\n", r.n, ms(r.lag50), ms(r.lag99), ms(r.comp50), ms(r.comp99))
+	}
+	fmt.Println()
+	fmt.Println("| policies | (a) cold sync | (b) policy created → enforced p50 / p99 | (c) label change → enforced p50 / p99 | (d) RSS | elements | (e) connect p50 / p99 (× none) | (e) throughput (× none) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Printf("| none | | | | | 0 | %s / %s | %.0f Mbit/s |\n", us(base.conn50), us(base.conn99), base.mbps)
+	for _, r := range rows {
+		fmt.Printf("| %d | %s | %s / %s | %s / %s | %.0f MiB | %d | %s / %s (%.2f× / %.2f×) | %.0f Mbit/s (%.2f×) |\n", r.n, ms(r.cold), ms(r.add50), ms(r.add99),
+			ms(r.lbl50), ms(r.lbl99), float64(r.rssKiB)/1024, r.elems, us(r.conn50), us(r.conn99),
+			ratio(r.conn50, base.conn50), ratio(r.conn99, base.conn99), r.mbps, r.mbps/base.mbps)
+	}
+	return nil
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
+
+func ratio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// The samples of (e): connects, and the stream's length.
+const (
+	connN   = 2000
+	connDur = 3 * time.Second
+)
+
+// queueProbe is the rule shape kube-network-policies installs (new
+// connections of selected pods to an nfqueue).
+const queueProbe = `table inet kbnp-queue-probe {
+	chain c {
+		type filter hook forward priority 0; policy accept;
+		ct state new queue flags bypass to 98
+	}
+}
+`
+
+// nftQueue reports why the kernel cannot hold an nftables queue rule (nil:
+// it can), probed in a namespace that ends with the command.
+func nftQueue(ctx context.Context) error {
+	cmd := exec.CommandContext(ctx, "unshare", "--net", "--", "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(queueProbe)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
 	}
 	return nil
 }
@@ -278,6 +359,38 @@ func policy(j int) *networkingv1.NetworkPolicy {
 				Ports: []networkingv1.NetworkPolicyPort{{Port: new(intstr.FromInt32(int32(1000 + j%1000)))}}}}}}
 }
 
+// startChild (re)starts the policy process with its table deleted and
+// returns the time to its first full sync (its own log line).
+func (b *bench) startChild(ctx context.Context, n int) (time.Duration, error) {
+	if b.child != nil {
+		b.child.Kill()
+		<-b.child.Done()
+	}
+	_ = b.c.Command(ctx, "nft", "delete", "table", "inet", table).Run()
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	logPath := fmt.Sprintf("%s/netpol-child-%d.log", b.c.Dir, n)
+	b.childLog = logPath
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command(self, "-child", "-kubeconfig", b.c.Kubeconfig)
+	cmd.Stderr, cmd.Stdout = lf, lf
+	start := time.Now()
+	b.child, err = b.c.StartProcess(fmt.Sprintf("netpol-%d", n), cmd)
+	_ = lf.Close() // the child holds its own descriptor
+	if err != nil {
+		return 0, err
+	}
+	if err := waitLog(logPath, readyMsg, 5*time.Minute); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
 func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	r := row{n: n}
 	if b.npol < n {
@@ -290,31 +403,10 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		b.npol = n
 	}
 	// (a) cold: the table deleted, the process started with all present.
-	if b.child != nil {
-		b.child.Kill()
-		<-b.child.Done()
-	}
-	_ = b.c.Command(ctx, "nft", "delete", "table", "inet", table).Run()
-	self, err := os.Executable()
-	if err != nil {
+	var err error
+	if r.cold, err = b.startChild(ctx, n); err != nil {
 		return r, err
 	}
-	logPath := fmt.Sprintf("%s/netpol-child-%d.log", b.c.Dir, n)
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return r, err
-	}
-	defer lf.Close()
-	cmd := exec.Command(self, "-child", "-kubeconfig", b.c.Kubeconfig)
-	cmd.Stderr, cmd.Stdout = lf, lf
-	start := time.Now()
-	if b.child, err = b.c.StartProcess(fmt.Sprintf("netpol-%d", n), cmd); err != nil {
-		return r, err
-	}
-	if err := waitLog(logPath, readyMsg, 5*time.Minute); err != nil {
-		return r, err
-	}
-	r.cold = time.Since(start)
 	// (b) one policy selecting local pod p0's app, allowing grp of pod
 	// p(local+1) (remote) on a new port: its element pod . peer . tcp . port.
 	var addT []time.Duration
@@ -371,7 +463,18 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		}
 	}
 	r.lbl50, r.lbl99 = pct(lblT)
+	fmt.Printf("N=%d samples (b) %v\nN=%d samples (c) %v\n", n, round(addT), n, round(lblT))
+	lags, comps, err := partialSyncs(b.childLog)
+	if err != nil {
+		return r, err
+	}
+	r.lag50, r.lag99 = pct(lags)
+	r.comp50, r.comp99 = pct(comps)
+	fmt.Printf("N=%d partial syncs: %d, lag p50/p99 %v/%v, compute p50/p99 %v/%v\n", n, len(lags), r.lag50, r.lag99, r.comp50, r.comp99)
 	r.rssKiB, _ = hwm(b.child.PID())
+	if r.conn50, r.conn99, r.mbps, err = b.conn.measure(connN, connDur); err != nil {
+		return r, fmt.Errorf("connect: %w", err)
+	}
 	if out, err := b.c.Command(ctx, "nft", "-j", "list", "set", "inet", table, "pol-in-exact").Output(); err == nil {
 		r.elems = strings.Count(string(out), "\"concat\"")
 	}
@@ -404,6 +507,15 @@ func (b *bench) until(key []byte, want bool, limit time.Duration) error {
 	}
 }
 
+// round lists samples in write order, to the 0.1 ms.
+func round(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(100 * time.Microsecond)
+	}
+	return out
+}
+
 func pct(ds []time.Duration) (time.Duration, time.Duration) {
 	if len(ds) == 0 {
 		return 0, 0
@@ -411,6 +523,38 @@ func pct(ds []time.Duration) (time.Duration, time.Duration) {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2], s[min(len(s)-1, (len(s)*99+99)/100-1)]
+}
+
+// partialSyncs reads the lag and compute time of every partial sync the
+// policy process logged.
+func partialSyncs(path string) (lags, comps []time.Duration, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, "netpol: partial sync") {
+			continue
+		}
+		var lag, comp time.Duration
+		for _, f := range strings.Fields(l) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "lag":
+				lag, err = time.ParseDuration(v)
+			case "compute":
+				comp, err = time.ParseDuration(v)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %q: %w", path, l, err)
+			}
+		}
+		lags, comps = append(lags, lag), append(comps, comp)
+	}
+	return lags, comps, nil
 }
 
 func waitLog(path, msg string, limit time.Duration) error {

@@ -1,6 +1,7 @@
 package policypath
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math"
 )
@@ -64,47 +65,121 @@ func elementsOf(p *Pod) []elem {
 	}
 	pod := u32(p.IP)
 	var out []elem
-	add := func(set int, key []byte) { out = append(out, elem{uint8(set), string(key)}) }
 	for d, dir := range []Dir{p.Ingress, p.Egress} {
 		if !dir.Isolated {
 			continue
 		}
-		base := 0 // offset from the ingress sets
-		if d == 1 {
-			base = setEgExact - setInExact
+		out = append(out, elem{uint8([]int{setInIso, setEgIso}[d]), string(putAddr(nil, pod))})
+		for _, a := range dir.Allow {
+			if e, ranged, ok := exactElem(pod, d, a); ok && !ranged {
+				out = append(out, e)
+			}
 		}
-		add([]int{setInIso, setEgIso}[d], putAddr(nil, pod))
+	}
+	return append(out, rangedElems(p)...)
+}
+
+// dirBase is the offset of direction d's sets from the ingress ones.
+func dirBase(d int) int {
+	if d == 1 {
+		return setEgExact - setInExact
+	}
+	return 0
+}
+
+// exactElem returns the element of Allow a of local pod address pod in
+// direction d (0 ingress, 1 egress) when a maps to one hashed element
+// (ranged false), or reports that a belongs to the interval sets (ranged
+// true; those elements depend on the pod's other ranged allows, see
+// rangedElems). ok is false for an invalid allow.
+func exactElem(pod uint32, d int, a Allow) (e elem, ranged, ok bool) {
+	if !a.PeerLo.Is4() || !a.PeerHi.Is4() || a.PeerHi.Less(a.PeerLo) || a.PortHi < a.PortLo {
+		return elem{}, false, false
+	}
+	base := dirBase(d)
+	lo, hi := u32(a.PeerLo), u32(a.PeerHi)
+	single, anyPeer := lo == hi, lo == 0 && hi == math.MaxUint32
+	switch {
+	case a.Proto == 0 && single:
+		return elem{uint8(base + setInPeer), string(putAddr(putAddr(nil, pod), lo))}, false, true
+	case a.Proto == 0:
+		return elem{}, true, true
+	case a.PortLo == a.PortHi && single:
+		return elem{uint8(base + setInExact), string(putPort(putProto(putAddr(putAddr(nil, pod), lo), a.Proto), uint32(a.PortLo)))}, false, true
+	case a.PortLo == a.PortHi && anyPeer:
+		return elem{uint8(base + setInPort), string(putPort(putProto(putAddr(nil, pod), a.Proto), uint32(a.PortLo)))}, false, true
+	}
+	return elem{}, true, true
+}
+
+// rangedElems lists pod p's interval-set elements: its address ranges
+// without ports merged, and its ranges with ports cut into disjoint boxes
+// (an interval set holds no overlapping elements).
+func rangedElems(p *Pod) []elem {
+	if p == nil || !p.IP.Is4() {
+		return nil
+	}
+	pod := u32(p.IP)
+	var out []elem
+	for d, dir := range []Dir{p.Ingress, p.Egress} {
+		if !dir.Isolated {
+			continue
+		}
+		base := dirBase(d)
 		var cidrs []span
 		boxes := map[uint8][]box{}
 		for _, a := range dir.Allow {
-			if !a.PeerLo.Is4() || !a.PeerHi.Is4() || a.PeerHi.Less(a.PeerLo) || a.PortHi < a.PortLo {
+			if _, ranged, ok := exactElem(pod, d, a); !ok || !ranged {
 				continue
 			}
 			lo, hi := u32(a.PeerLo), u32(a.PeerHi)
-			single, anyPeer := lo == hi, lo == 0 && hi == math.MaxUint32
-			switch {
-			case a.Proto == 0 && single:
-				add(base+setInPeer, putAddr(putAddr(nil, pod), lo))
-			case a.Proto == 0:
+			if a.Proto == 0 {
 				cidrs = append(cidrs, span{lo, hi})
-			case a.PortLo == a.PortHi && single:
-				add(base+setInExact, putPort(putProto(putAddr(putAddr(nil, pod), lo), a.Proto), uint32(a.PortLo)))
-			case a.PortLo == a.PortHi && anyPeer:
-				add(base+setInPort, putPort(putProto(putAddr(nil, pod), a.Proto), uint32(a.PortLo)))
-			default:
+			} else {
 				boxes[a.Proto] = append(boxes[a.Proto], box{span{lo, hi}, span{uint32(a.PortLo), uint32(a.PortHi)}})
 			}
 		}
 		for _, c := range mergeSpans(cidrs) {
 			k := putAddr(putAddr(nil, pod), c.lo)
-			add(base+setInCIDR, putAddr(putAddr(k, pod), c.hi))
+			out = append(out, elem{uint8(base + setInCIDR), string(putAddr(putAddr(k, pod), c.hi))})
 		}
 		for proto, bs := range boxes {
 			for _, b := range disjointBoxes(bs) {
 				k := putPort(putProto(putAddr(putAddr(nil, pod), b.peer.lo), proto), b.port.lo)
-				add(base+setInRange, putPort(putProto(putAddr(putAddr(k, pod), b.peer.hi), proto), b.port.hi))
+				out = append(out, elem{uint8(base + setInRange), string(putPort(putProto(putAddr(putAddr(k, pod), b.peer.hi), proto), b.port.hi))})
 			}
 		}
 	}
 	return out
+}
+
+// cmpAllow orders allows as the engine sorts them (peer range, protocol,
+// port range).
+func cmpAllow(a, b Allow) int {
+	if c := cmp.Compare(u32(a.PeerLo), u32(b.PeerLo)); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(u32(a.PeerHi), u32(b.PeerHi)); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Proto, b.Proto); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.PortLo, b.PortLo); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.PortHi, b.PortHi)
+}
+
+// strictlySorted reports whether as is sorted by cmpAllow without
+// duplicates, holds only IPv4 peers and no ports without a protocol: then
+// distinct allows have distinct exact elements.
+func strictlySorted(as []Allow) bool {
+	for i, a := range as {
+		if !a.PeerLo.Is4() || !a.PeerHi.Is4() || (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) ||
+			(i > 0 && cmpAllow(as[i-1], a) >= 0) {
+			return false
+		}
+	}
+	return true
 }

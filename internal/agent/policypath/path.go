@@ -43,8 +43,7 @@ type Path struct {
 	tbl  *nftables.Table
 	sets [numSets]*nftables.Set
 
-	mu      sync.Mutex // guards everything below
-	owned   map[string][]elem
+	mu      sync.Mutex     // guards everything below
 	pods    map[string]Pod // the wanted state, by owner key
 	refs    map[elem]int32 // owners wanting each element
 	in      map[elem]bool  // the kernel's elements, as last read or written
@@ -61,7 +60,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Path{cfg: cfg, log: cfg.Logger, owned: map[string][]elem{}, pods: map[string]Pod{},
+	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{},
 		refs: map[elem]int32{}, in: map[elem]bool{}, pending: map[elem]bool{}}
 	nsPath := cfg.HostNS
 	if nsPath == "" {
@@ -180,7 +179,10 @@ func (p *Path) inHost(f func() error) error {
 }
 
 // Apply sets the wanted state of the pods in changes (nil: the pod is
-// gone) and commits what differs in one transaction.
+// gone) and commits what differs in one transaction. The path keeps the
+// pods' Allow slices as they are (the caller must not change them
+// afterwards); when a pod's old and new lists are sorted as the engine
+// sorts them, only the allows that differ are looked at.
 func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -191,35 +193,117 @@ func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 }
 
 func (p *Path) setOwner(k string, pod *Pod) {
-	old := p.owned[k]
+	old, had := p.pods[k]
+	if pod != nil && had && p.patchOwner(&old, pod) {
+		p.pods[k] = *pod
+		return
+	}
+	var olds []elem
+	if had {
+		olds = elementsOf(&old)
+	}
 	els := elementsOf(pod)
 	if pod == nil {
-		delete(p.owned, k)
 		delete(p.pods, k)
 	} else {
-		p.owned[k] = els
 		p.pods[k] = *pod
 	}
-	// Only the difference touches the mirror: a pod's change usually
-	// keeps most of its elements.
+	p.diff(olds, els)
+}
+
+// diff moves one owner's references from olds to els (an owner refers
+// to an element once, however often its list names it): only the elements
+// in one of them change.
+func (p *Path) diff(olds, els []elem) {
 	keep := make(map[elem]bool, len(els))
 	for _, e := range els {
 		keep[e] = true
 	}
-	for _, e := range old {
-		if keep[e] {
-			delete(keep, e) // in both: unchanged
+	gone := make(map[elem]bool, len(olds))
+	for _, e := range olds {
+		if _, ok := keep[e]; ok {
+			keep[e] = false // in both: unchanged
 			continue
 		}
-		if p.refs[e]--; p.refs[e] <= 0 {
-			delete(p.refs, e)
+		if !gone[e] {
+			gone[e] = true
+			p.unref(e)
 		}
-		p.pending[e] = true
 	}
-	for e := range keep {
-		p.refs[e]++
-		p.pending[e] = true
+	for e, add := range keep {
+		if add {
+			p.ref(e)
+		}
 	}
+}
+
+func (p *Path) ref(e elem) {
+	p.refs[e]++
+	p.pending[e] = true
+}
+
+func (p *Path) unref(e elem) {
+	if p.refs[e]--; p.refs[e] <= 0 {
+		delete(p.refs, e)
+	}
+	p.pending[e] = true
+}
+
+// patchOwner moves a pod from old to cur by walking their sorted allow
+// lists together: only the allows that differ touch an element (and, when
+// a ranged allow differs, the pod's interval elements are recomputed, few
+// as they are). So a change costs O(allows compared) without allocation,
+// plus O(change) element work. It reports false, having done nothing,
+// when the address or isolation changed or a list is not sorted (the
+// caller then diffs every element).
+func (p *Path) patchOwner(old, cur *Pod) bool {
+	if old.IP != cur.IP || !cur.IP.Is4() || old.Ingress.Isolated != cur.Ingress.Isolated || old.Egress.Isolated != cur.Egress.Isolated {
+		return false
+	}
+	olds, curs := [2]Dir{old.Ingress, old.Egress}, [2]Dir{cur.Ingress, cur.Egress}
+	for d := range 2 {
+		if curs[d].Isolated && (!strictlySorted(olds[d].Allow) || !strictlySorted(curs[d].Allow)) {
+			return false
+		}
+	}
+	pod := u32(cur.IP)
+	ranged := false
+	touch := func(d int, a Allow, add bool) {
+		e, rng, ok := exactElem(pod, d, a)
+		switch {
+		case !ok:
+		case rng:
+			ranged = true
+		case add:
+			p.ref(e)
+		default:
+			p.unref(e)
+		}
+	}
+	for d := range 2 {
+		if !curs[d].Isolated {
+			continue
+		}
+		o, c := olds[d].Allow, curs[d].Allow
+		i, j := 0, 0
+		for i < len(o) || j < len(c) {
+			switch {
+			case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
+				touch(d, o[i], false)
+				i++
+			case i == len(o) || cmpAllow(o[i], c[j]) > 0:
+				touch(d, c[j], true)
+				j++
+			default:
+				i++
+				j++
+			}
+		}
+	}
+	if ranged {
+		p.diff(rangedElems(old), rangedElems(cur))
+	}
+	return true
 }
 
 // Sync makes the kernel hold exactly the elements of all: it reads every
@@ -230,11 +314,18 @@ func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 	if err := p.writeSkeleton(ctx); err != nil {
 		return err
 	}
-	clear(p.owned)
-	clear(p.pods)
-	clear(p.refs)
-	clear(p.in)
-	clear(p.pending)
+	// Fresh maps sized for the state (a cold start would otherwise grow
+	// them through many rehashes; a resync drops the old ones).
+	n := 2 * len(all)
+	for _, pod := range all {
+		if pod != nil {
+			n += len(pod.Ingress.Allow) + len(pod.Egress.Allow)
+		}
+	}
+	p.pods = make(map[string]Pod, len(all))
+	p.refs = make(map[elem]int32, n)
+	p.in = make(map[elem]bool, n)
+	p.pending = make(map[elem]bool, n)
 	for k, pod := range all {
 		if pod != nil {
 			p.setOwner(k, pod)

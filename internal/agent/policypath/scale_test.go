@@ -35,6 +35,7 @@ func TestScale(t *testing.T) {
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 255})
 			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: lo, PeerHi: hi, Proto: 6, PortLo: 80, PortHi: 90})
 		}
+		slices.SortFunc(pod.Ingress.Allow, cmpAllow) // as the engine gives them
 		pods[string(rune('a'+i%26))+string(rune('0'+i/26))] = pod
 	}
 	start := time.Now()
@@ -53,6 +54,7 @@ func TestScale(t *testing.T) {
 			pod := *pods[key]
 			pod.Ingress.Allow = slices.Clone(pod.Ingress.Allow)
 			change(i, &pod)
+			slices.SortFunc(pod.Ingress.Allow, cmpAllow)
 			t0 := time.Now()
 			if err := p.Apply(t.Context(), map[string]*Pod{key: &pod}); err != nil {
 				t.Fatal(err)

@@ -57,10 +57,17 @@ func (e *Env) Bin(name string) string { return filepath.Join(e.C.BinDir, name) }
 // for its turn.
 func Start(t testing.TB, opts kubecluster.Options) *Env {
 	t.Helper()
+	return StartWithin(t, 20*time.Minute, opts)
+}
+
+// StartWithin is Start with a limit of its own for the wait and the
+// start (long suites queue behind other clusters longer).
+func StartWithin(t testing.TB, limit time.Duration, opts kubecluster.Options) *Env {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (make test runs as root)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	c, err := kubecluster.Start(ctx, opts)
 	if err != nil {

@@ -268,10 +268,18 @@ func (c *Controller) partial(ctx context.Context) error {
 	c.since = time.Time{}
 	c.mu.Unlock()
 	if len(ch) > 0 {
+		computed := time.Since(start)
 		if err := c.cfg.Datapath.Apply(ctx, ch); err != nil {
 			return err
 		}
 		c.m.observe("partial", start, since)
+		if c.log.Enabled(ctx, slog.LevelDebug) {
+			var lag time.Duration
+			if !since.IsZero() {
+				lag = time.Since(since)
+			}
+			c.log.Debug("netpol: partial sync", "pods", len(ch), "compute", computed, "took", time.Since(start), "lag", lag)
+		}
 	}
 	c.mu.Lock()
 	for k, r := range ch {

@@ -13,9 +13,12 @@ import (
 // feed it with the Set and Delete methods; Compute returns the rules that
 // changed.
 type Engine struct {
-	node     string
-	pods     map[string]*Pod            // by namespace/name
-	byNS     map[string]map[string]*Pod // namespace -> name -> pod
+	node string
+	pods map[string]*Pod            // by namespace/name
+	byNS map[string]map[string]*Pod // namespace -> name -> pod
+	// localNS holds the local pods only, so that a policy's change looks
+	// at the node's pods of its namespace, not the cluster's.
+	localNS  map[string]map[string]*Pod
 	nsLabels map[string]labels.Set
 	policies map[string]*policy            // by namespace/name
 	polByNS  map[string]map[string]*policy // namespace -> name -> policy
@@ -26,7 +29,10 @@ type Engine struct {
 	// polBySel groups each namespace's policies by podSelector, so that a
 	// pod is matched once per distinct selector.
 	polBySel map[string]map[string]*selGroup
-	rules    map[string]*Rules // last computed, by local pod key
+	// bySig groups the policies by peer signature (sigKey): a pod's
+	// change checks each signature once.
+	bySig map[string]map[string]bool
+	rules map[string]*Rules // last computed, by local pod key
 	// contrib counts, per local pod, how many (policy, rule, peer, port)
 	// contributions make each Allow, so that a peer's change is applied
 	// as a delta (peerDelta) instead of a recomputation.
@@ -40,9 +46,9 @@ type Engine struct {
 
 // NewEngine returns an empty engine for node.
 func NewEngine(node string) *Engine {
-	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{},
+	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{}, localNS: map[string]map[string]*Pod{},
 		nsLabels: map[string]labels.Set{}, policies: map[string]*policy{}, polByNS: map[string]map[string]*policy{},
-		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
+		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, bySig: map[string]map[string]bool{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
 		contrib: map[string]*podContrib{}, deltas: map[string]bool{}}
 }
 
@@ -57,7 +63,23 @@ func (e *Engine) SetPod(p *Pod) {
 		e.byNS[p.Namespace] = map[string]*Pod{}
 	}
 	e.byNS[p.Namespace][p.Name] = p
+	switch {
+	case e.local(p):
+		if e.localNS[p.Namespace] == nil {
+			e.localNS[p.Namespace] = map[string]*Pod{}
+		}
+		e.localNS[p.Namespace][p.Name] = p
+	case e.local(old):
+		e.unlocal(p.Namespace, p.Name)
+	}
 	e.podChanged(k, old, p)
+}
+
+func (e *Engine) unlocal(namespace, name string) {
+	delete(e.localNS[namespace], name)
+	if len(e.localNS[namespace]) == 0 {
+		delete(e.localNS, namespace)
+	}
 }
 
 // DeletePod forgets a pod.
@@ -72,6 +94,7 @@ func (e *Engine) DeletePod(namespace, name string) {
 	if len(e.byNS[namespace]) == 0 {
 		delete(e.byNS, namespace)
 	}
+	e.unlocal(namespace, name)
 	e.podChanged(k, old, nil)
 }
 
@@ -83,43 +106,79 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		maps.Equal(old.Labels, cur.Labels) && slices.Equal(old.Ports, cur.Ports) {
 		return // nothing a peer match depends on
 	}
-	names := map[string]bool{} // peerSig -> namesPeer(old) || namesPeer(cur)
-	for pk, locals := range e.polLocal {
-		if len(locals) == 0 {
+	// One namesPeer per distinct peer signature, then only the policies
+	// of the signatures that name the pod (before or after).
+	for _, pks := range e.bySig {
+		var rep *policy
+		for pk := range pks {
+			rep = e.policies[pk]
+			break
+		}
+		if rep == nil || !(e.namesPeer(rep, old) || e.namesPeer(rep, cur)) {
 			continue
 		}
-		pol := e.policies[pk]
-		if pol == nil {
-			continue
-		}
-		hit, ok := names[pol.peerSig]
-		if !ok || pol.peerSig == "" {
-			hit = e.namesPeer(pol, old) || e.namesPeer(pol, cur)
-			names[pol.peerSig] = hit
-		}
-		if !hit {
-			continue
-		}
-		for l := range locals {
-			c := e.contrib[l]
-			if e.dirty[l] || c == nil {
-				e.dirty[l] = true
+		for pk := range pks {
+			pol := e.policies[pk]
+			locals := e.polLocal[pk]
+			if pol == nil || len(locals) == 0 {
 				continue
 			}
-			// The local pod's rules are current but for this peer: take
-			// its old contributions out and put the new ones in.
-			lp := e.pods[l]
-			e.peerDelta(c, pol, lp, old, -1)
-			e.peerDelta(c, pol, lp, cur, 1)
-			e.deltas[l] = true
+			e.peerChanged(pol, locals, old, cur)
 		}
 	}
 }
 
-// podContrib is a local pod's isolation and counted contributions.
+// peerChanged applies peer x's change (old to cur) to the local pods of
+// pol: as a delta when their contributions are current.
+func (e *Engine) peerChanged(pol *policy, locals map[string]bool, old, cur *Pod) {
+	for l := range locals {
+		c := e.contrib[l]
+		if e.dirty[l] || c == nil {
+			e.dirty[l] = true
+			continue
+		}
+		// The local pod's rules are current but for this peer: take its
+		// old contributions out and put the new ones in.
+		lp := e.pods[l]
+		e.peerDelta(c, pol, lp, old, -1)
+		e.peerDelta(c, pol, lp, cur, 1)
+		e.deltas[l] = true
+	}
+}
+
+// podContrib is a local pod's isolation (how many of its policies
+// isolate it, per direction) and counted contributions.
 type podContrib struct {
-	isoIn, isoEg bool
+	isoIn, isoEg int32
 	in, eg       map[Allow]int32
+	// flipIn, flipEg: the Allows whose count crossed zero since the last
+	// Compute, so that Compute patches the last rules instead of sorting
+	// them all again.
+	flipIn, flipEg map[Allow]bool
+}
+
+// count adds sign to a's count in set, noting a in flip when it crosses
+// zero.
+func count(set map[Allow]int32, flip map[Allow]bool, a Allow, sign int32) {
+	n := set[a]
+	m := n + sign
+	if m <= 0 {
+		delete(set, a)
+		m = 0
+	} else {
+		set[a] = m
+	}
+	if (n > 0) != (m > 0) {
+		flip[a] = true
+	}
+}
+
+// flips returns f, made when nil.
+func flips(f *map[Allow]bool) map[Allow]bool {
+	if *f == nil {
+		*f = map[Allow]bool{}
+	}
+	return *f
 }
 
 // peerDelta adds sign times what peer x contributes through pol's rules
@@ -128,20 +187,18 @@ func (e *Engine) peerDelta(c *podContrib, pol *policy, l, x *Pod, sign int32) {
 	if x == nil || !x.active() || l == nil {
 		return
 	}
-	apply := func(set map[Allow]int32, rs []rule, egress bool) {
+	apply := func(set map[Allow]int32, flip map[Allow]bool, rs []rule, egress bool) {
 		for _, ru := range rs {
 			for _, a := range e.peerAllows(pol.namespace, ru, l, x, egress) {
-				if set[a] += sign; set[a] <= 0 {
-					delete(set, a)
-				}
+				count(set, flip, a, sign)
 			}
 		}
 	}
 	if pol.ingress {
-		apply(c.in, pol.inRules, false)
+		apply(c.in, flips(&c.flipIn), pol.inRules, false)
 	}
 	if pol.egress {
-		apply(c.eg, pol.egRules, true)
+		apply(c.eg, flips(&c.flipEg), pol.egRules, true)
 	}
 }
 
@@ -298,8 +355,14 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 		}
 	}
 	k := np.Namespace + "/" + np.Name
-	e.dirtyPolicy(k)
-	if old := e.policies[k]; old != nil {
+	old := e.policies[k]
+	// The local pods the old version selected lose its contributions
+	// (counted against the current pods, as they were added: a peer's
+	// change keeps them current, see podChanged).
+	for l := range e.polLocal[k] {
+		e.policyDelta(l, k, old, -1)
+	}
+	if old != nil {
 		e.ungroup(old)
 	}
 	e.policies[k] = pol
@@ -308,12 +371,58 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 		e.polByNS[pol.namespace] = map[string]*policy{}
 	}
 	e.polByNS[pol.namespace][pol.name] = pol
-	for _, p := range e.byNS[pol.namespace] {
-		if e.local(p) && pol.selector.Matches(labels.Set(p.Labels)) {
-			e.dirty[p.Key()] = true
+	for _, p := range e.localNS[pol.namespace] {
+		if pol.selector.Matches(labels.Set(p.Labels)) {
+			e.policyDelta(p.Key(), k, pol, 1)
 		}
 	}
 	return err
+}
+
+// policyDelta adds (sign 1) or takes out (-1) what policy pol (key pk)
+// contributes to local pod l, when l's contributions are current;
+// otherwise l is recomputed by the next Compute. A change of one policy
+// thus costs what that policy allows the pods it selects, not what their
+// other policies allow.
+func (e *Engine) policyDelta(l, pk string, pol *policy, sign int32) {
+	c, lp := e.contrib[l], e.pods[l]
+	if e.dirty[l] || c == nil || pol == nil || !e.local(lp) || !lp.active() {
+		e.dirty[l] = true
+		return
+	}
+	if sign > 0 {
+		if e.polLocal[pk] == nil {
+			e.polLocal[pk] = map[string]bool{}
+		}
+		e.polLocal[pk][l] = true
+		e.podPols[l] = append(e.podPols[l], pk)
+	} else {
+		if locals := e.polLocal[pk]; locals != nil {
+			delete(locals, l)
+			if len(locals) == 0 {
+				delete(e.polLocal, pk)
+			}
+		}
+		if i := slices.Index(e.podPols[l], pk); i >= 0 {
+			e.podPols[l] = slices.Delete(e.podPols[l], i, i+1)
+		}
+	}
+	counter := func(set map[Allow]int32, flip map[Allow]bool) func(Allow) {
+		return func(a Allow) { count(set, flip, a, sign) }
+	}
+	if pol.ingress {
+		c.isoIn += sign
+		for _, ru := range pol.inRules {
+			e.addRule(counter(c.in, flips(&c.flipIn)), pol.namespace, ru, lp, false)
+		}
+	}
+	if pol.egress {
+		c.isoEg += sign
+		for _, ru := range pol.egRules {
+			e.addRule(counter(c.eg, flips(&c.flipEg)), pol.namespace, ru, lp, true)
+		}
+	}
+	e.deltas[l] = true
 }
 
 // DeletePolicy forgets a policy.
@@ -322,7 +431,9 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 	if _, ok := e.policies[k]; !ok {
 		return
 	}
-	e.dirtyPolicy(k)
+	for l := range e.polLocal[k] {
+		e.policyDelta(l, k, e.policies[k], -1)
+	}
 	e.ungroup(e.policies[k])
 	delete(e.policies, k)
 	delete(e.polByNS[namespace], name)
@@ -330,12 +441,6 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 		delete(e.polByNS, namespace)
 	}
 	delete(e.polLocal, k)
-}
-
-func (e *Engine) dirtyPolicy(k string) {
-	for l := range e.polLocal[k] {
-		e.dirty[l] = true
-	}
 }
 
 // Dirty reports how many local pods wait for Compute.
@@ -384,9 +489,9 @@ func (e *Engine) Compute() map[string]*Rules {
 		if e.dirty[k] || c == nil || old == nil {
 			continue
 		}
-		r := &Rules{IP: old.IP, Ingress: Dir{Isolated: c.isoIn}, Egress: Dir{Isolated: c.isoEg}}
-		r.Ingress.Allow = finish(&r.Ingress, c.in)
-		r.Egress.Allow = finish(&r.Egress, c.eg)
+		r := &Rules{IP: old.IP, Ingress: patch(old.Ingress, c.isoIn > 0, c.in, c.flipIn),
+			Egress: patch(old.Egress, c.isoEg > 0, c.eg, c.flipEg)}
+		c.flipIn, c.flipEg = nil, nil
 		if !old.Equal(r) {
 			out[k] = r
 		}
@@ -405,40 +510,41 @@ func (e *Engine) compute(l *Pod) *Rules {
 	}
 	in, eg := make(map[Allow]int32, hin), make(map[Allow]int32, heg)
 	lk := l.Key()
+	c := &podContrib{in: in, eg: eg}
 	for _, g := range e.polBySel[l.Namespace] {
 		if !g.sel.Matches(labels.Set(l.Labels)) {
 			continue
 		}
 		for name, pol := range g.pols {
-			e.addPolicyTo(l, lk, name, pol, r, in, eg)
+			e.addPolicyTo(l, lk, name, pol, c)
 		}
 	}
-	e.contrib[lk] = &podContrib{isoIn: r.Ingress.Isolated, isoEg: r.Egress.Isolated, in: in, eg: eg}
+	r.Ingress.Isolated, r.Egress.Isolated = c.isoIn > 0, c.isoEg > 0
+	e.contrib[lk] = c
 	r.Ingress.Allow = finish(&r.Ingress, in)
 	r.Egress.Allow = finish(&r.Egress, eg)
 	return r
 }
 
-// addPolicyTo adds what policy pol allows to local pod l's rules.
-func (e *Engine) addPolicyTo(l *Pod, lk, name string, pol *policy, r *Rules, in, eg map[Allow]int32) {
-	{
-		pk := l.Namespace + "/" + name
-		if e.polLocal[pk] == nil {
-			e.polLocal[pk] = map[string]bool{}
+// addPolicyTo adds what policy pol allows to local pod l's contributions.
+func (e *Engine) addPolicyTo(l *Pod, lk, name string, pol *policy, c *podContrib) {
+	pk := l.Namespace + "/" + name
+	if e.polLocal[pk] == nil {
+		e.polLocal[pk] = map[string]bool{}
+	}
+	e.polLocal[pk][lk] = true
+	e.podPols[lk] = append(e.podPols[lk], pk)
+	inc := func(set map[Allow]int32) func(Allow) { return func(a Allow) { set[a]++ } }
+	if pol.ingress {
+		c.isoIn++
+		for _, ru := range pol.inRules {
+			e.addRule(inc(c.in), pol.namespace, ru, l, false)
 		}
-		e.polLocal[pk][lk] = true
-		e.podPols[lk] = append(e.podPols[lk], pk)
-		if pol.ingress {
-			r.Ingress.Isolated = true
-			for _, ru := range pol.inRules {
-				e.addRule(in, pol.namespace, ru, l, false)
-			}
-		}
-		if pol.egress {
-			r.Egress.Isolated = true
-			for _, ru := range pol.egRules {
-				e.addRule(eg, pol.namespace, ru, l, true)
-			}
+	}
+	if pol.egress {
+		c.isoEg++
+		for _, ru := range pol.egRules {
+			e.addRule(inc(c.eg), pol.namespace, ru, l, true)
 		}
 	}
 }
@@ -449,7 +555,21 @@ type selGroup struct {
 	pols map[string]*policy // by name
 }
 
+// sigKey is the bySig key of pol: its peer signature, or its own key
+// when it has none (a policy that did not compile names no peer).
+func sigKey(pol *policy) string {
+	if pol.peerSig == "" {
+		return "\x00" + pol.namespace + "/" + pol.name
+	}
+	return pol.peerSig
+}
+
 func (e *Engine) group(pol *policy) {
+	sk := sigKey(pol)
+	if e.bySig[sk] == nil {
+		e.bySig[sk] = map[string]bool{}
+	}
+	e.bySig[sk][pol.namespace+"/"+pol.name] = true
 	gs := e.polBySel[pol.namespace]
 	if gs == nil {
 		gs = map[string]*selGroup{}
@@ -468,6 +588,13 @@ func (e *Engine) ungroup(pol *policy) {
 	if pol == nil {
 		return
 	}
+	sk := sigKey(pol)
+	if m := e.bySig[sk]; m != nil {
+		delete(m, pol.namespace+"/"+pol.name)
+		if len(m) == 0 {
+			delete(e.bySig, sk)
+		}
+	}
 	gs := e.polBySel[pol.namespace]
 	key := pol.selector.String()
 	if g := gs[key]; g != nil {
@@ -484,6 +611,52 @@ func (e *Engine) ungroup(pol *policy) {
 // allowAll is the Allow of a rule without peers and ports.
 var allowAll = Allow{PeerLo: anyLo, PeerHi: anyHi}
 
+// patch returns the direction whose last computed state is old, now
+// isolated iso with counts set, where only the Allows in flip may have
+// changed: the old sorted list with the flips applied (O(list) copying and
+// O(flips log flips) sorting), or, when isolation or allow-all changed, a
+// full finish.
+func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
+	d := Dir{Isolated: iso}
+	if !iso || set[allowAll] > 0 || !old.Isolated {
+		d.Allow = finish(&d, set)
+		return d
+	}
+	if len(flip) == 0 {
+		return old
+	}
+	var add []Allow
+	del := map[Allow]bool{}
+	for a := range flip {
+		_, was := slices.BinarySearchFunc(old.Allow, a, cmpAllow)
+		now := set[a] > 0
+		switch {
+		case now && !was:
+			add = append(add, a)
+		case was && !now:
+			del[a] = true
+		}
+	}
+	if len(add) == 0 && len(del) == 0 {
+		return old
+	}
+	slices.SortFunc(add, cmpAllow)
+	out := make([]Allow, 0, len(old.Allow)+len(add)-len(del))
+	i := 0
+	for _, a := range old.Allow {
+		if del[a] {
+			continue
+		}
+		for i < len(add) && cmpAllow(add[i], a) < 0 {
+			out = append(out, add[i])
+			i++
+		}
+		out = append(out, a)
+	}
+	d.Allow = append(out, add[i:]...)
+	return d
+}
+
 func finish(d *Dir, set map[Allow]int32) []Allow {
 	if !d.Isolated || set[allowAll] > 0 {
 		d.Isolated = false
@@ -499,7 +672,7 @@ func finish(d *Dir, set map[Allow]int32) []Allow {
 
 // addRule adds what rule ru of a policy in namespace polNS allows for
 // local pod l.
-func (e *Engine) addRule(set map[Allow]int32, polNS string, ru rule, l *Pod, egress bool) {
+func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egress bool) {
 	// The peers: address ranges and pods.
 	var ranges [][2]netip.Addr
 	var pods []*Pod
@@ -514,7 +687,7 @@ func (e *Engine) addRule(set map[Allow]int32, polNS string, ru rule, l *Pod, egr
 		pods = e.appendPeers(pods, polNS, pe)
 	}
 	add := func(lo, hi netip.Addr, pr Proto, plo, phi uint16) {
-		set[Allow{PeerLo: lo, PeerHi: hi, Proto: pr, PortLo: plo, PortHi: phi}]++
+		count(Allow{PeerLo: lo, PeerHi: hi, Proto: pr, PortLo: plo, PortHi: phi})
 	}
 	if ru.allPorts {
 		for _, rg := range ranges {

@@ -1,0 +1,78 @@
+package policypath
+
+import (
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+// TestPatchEqualsFull moves pods through random changes of their allows
+// (exact tuples, whole peers, ports of any peer, address ranges with and
+// without ports; sorted or not; isolation and address changes) and checks
+// after each that the references equal those of every pod's elements
+// counted from scratch: the sorted walk of patchOwner touches exactly what
+// a full diff would.
+func TestPatchEqualsFull(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 5))
+	randAllow := func() Allow {
+		peer := netip.AddrFrom4([4]byte{10, 0, 0, byte(r.IntN(8))})
+		switch r.IntN(5) {
+		case 0:
+			return Allow{PeerLo: peer, PeerHi: peer}
+		case 1:
+			return Allow{PeerLo: netip.IPv4Unspecified(), PeerHi: netip.AddrFrom4([4]byte{255, 255, 255, 255}), Proto: 6, PortLo: 80, PortHi: 80}
+		case 2:
+			hi := netip.AddrFrom4([4]byte{10, 0, 0, byte(8 + r.IntN(8))})
+			return Allow{PeerLo: peer, PeerHi: hi}
+		case 3:
+			hi := netip.AddrFrom4([4]byte{10, 0, 0, byte(8 + r.IntN(8))})
+			lo := uint16(1000 + r.IntN(4))
+			return Allow{PeerLo: peer, PeerHi: hi, Proto: 17, PortLo: lo, PortHi: lo + uint16(r.IntN(3))}
+		}
+		return Allow{PeerLo: peer, PeerHi: peer, Proto: 6, PortLo: uint16(80 + r.IntN(3)), PortHi: 0}
+	}
+	randDir := func() Dir {
+		d := Dir{Isolated: r.IntN(5) > 0}
+		for range r.IntN(8) {
+			a := randAllow()
+			if a.PortHi < a.PortLo {
+				a.PortHi = a.PortLo
+			}
+			d.Allow = append(d.Allow, a)
+		}
+		if r.IntN(6) > 0 { // sorted and unique, as the engine gives them
+			slices.SortFunc(d.Allow, cmpAllow)
+			d.Allow = slices.CompactFunc(d.Allow, func(a, b Allow) bool { return a == b })
+		}
+		return d
+	}
+	p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, in: map[elem]bool{}, pending: map[elem]bool{}}
+	keys := []string{"a", "b", "c"}
+	for step := range 5000 {
+		k := keys[r.IntN(len(keys))]
+		var pod *Pod
+		if r.IntN(10) > 0 {
+			ip := netip.AddrFrom4([4]byte{10, 1, 0, byte(r.IntN(2))}) // addresses shared at times
+			if old, ok := p.pods[k]; ok && r.IntN(4) > 0 {
+				ip = old.IP
+			}
+			pod = &Pod{IP: ip, Ingress: randDir(), Egress: randDir()}
+		}
+		p.setOwner(k, pod)
+		want := map[elem]int32{}
+		for _, q := range p.pods {
+			seen := map[elem]bool{} // an owner refers to an element once
+			for _, e := range elementsOf(&q) {
+				if !seen[e] {
+					seen[e] = true
+					want[e]++
+				}
+			}
+		}
+		if !maps.Equal(p.refs, want) {
+			t.Fatalf("step %d: references %v, want %v", step, p.refs, want)
+		}
+	}
+}
