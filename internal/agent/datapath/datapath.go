@@ -135,6 +135,12 @@ type Datapath struct {
 	gconn *nftables.Conn      // guard set elements, through netlink
 	gsets [gsCount]*nftables.Set
 	gin   map[gelem]bool // guard elements in the kernel; nil: unknown (the next SetGuards writes them whole)
+
+	// bridges holds each VPC bridge's index (uint32 VNI → int) as its
+	// last EnsureVPC or Plug found it, so that a plug creates its pair
+	// without looking the bridge up; a plug that fails with it looks
+	// again.
+	bridges sync.Map
 }
 
 var _ Interface = (*Datapath)(nil)
