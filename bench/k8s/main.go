@@ -75,6 +75,7 @@ var setups = map[string]setupFunc{
 	"bridge":         bridgeSetup,
 	"bridge-default": bridgeDefaultSetup,
 	"kurma":          kurmaSetup,
+	"kurma-base":     kurmaBaseSetup,
 	"floor":          floorSetup,
 }
 
@@ -167,15 +168,25 @@ func main() {
 	for range max(1, *rounds) {
 		list = append(list, strings.Split(*names, ",")...)
 	}
+	// One hold of the host's cluster lock for every round: no other
+	// cluster runs between them.
+	fmt.Println("waiting for the host's cluster lock...")
+	lock, err := kubecluster.LockHost(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench/k8s: %v\n", err)
+		os.Exit(1)
+	}
+	defer lock.Release()
 	for i, name := range list {
 		f, ok := setups[name]
 		if !ok {
 			fmt.Fprintf(os.Stderr, "bench/k8s: unknown setup %q (have %v)\n", name, keys())
 			os.Exit(2)
 		}
-		r, err := measure(ctx, name, f, binDir, *n)
+		r, err := measure(ctx, name, f, binDir, *n, lock)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench/k8s: %s: %v\n", name, err)
+			_ = lock.Release()
 			os.Exit(1)
 		}
 		results = append(results, r)
@@ -243,7 +254,7 @@ func keys() []string {
 }
 
 // measure runs one setup on a fresh cluster.
-func measure(ctx context.Context, name string, f setupFunc, binDir string, n int) (r figures, err error) {
+func measure(ctx context.Context, name string, f setupFunc, binDir string, n int, lock *kubecluster.HostLock) (r figures, err error) {
 	tmp, err := os.MkdirTemp("", "kbench-"+name)
 	if err != nil {
 		return r, err
@@ -261,7 +272,7 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 	defer cancel()
 	c, err := kubecluster.Start(sctx, kubecluster.Options{
 		BinDir: binDir, CNIConfList: s.ConfList, CNIBinDir: wrapped,
-		KubeletArgs: []string{"--v=2"},
+		KubeletArgs: []string{"--v=2"}, HeldLock: lock,
 	})
 	if err != nil {
 		return r, err
