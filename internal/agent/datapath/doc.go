@@ -53,9 +53,20 @@
 // names, so a guard can precede its port's plug; a port plugged before its
 // guard is set sends unguarded for that moment.
 //
+// Plug and the RTNL lock: every rtnetlink request that changes something
+// takes the kernel's RTNL lock, which a burst of pod sandboxes (their
+// namespaces, loopbacks and pairs) contends for. A fresh plug sends 7
+// requests (TestPlugNetlinkRequests counts them): the pair made on its
+// bridge in one (the bridge's index kept from EnsureVPC) and the host
+// end's alias, on a socket of the plug's own, then the container end's
+// lookup, alias, address, up and default route in the pod's namespace.
+// Plugged checks a port plugged before with one lookup, so that the
+// agent's resyncs need not plug every pod again.
+//
 // Locking: a Datapath holds no mutable state besides its netlink handle
-// (safe for concurrent use), the guard elements it wrote, and a mutex that
-// serialises nft transactions and guards that record (nftMu). Callers serialise operations on the same port id and on the
+// (safe for concurrent use), what it last plugged and the bridges' indexes
+// (sync.Maps), the guard elements it wrote, and a mutex that serialises nft
+// transactions and guards that record (nftMu). Callers serialise operations on the same port id and on the
 // same VPC; different ports may be plugged concurrently.
 //
 // It speaks only in its own PortSpec/VPCSpec types, never in the
