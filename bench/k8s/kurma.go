@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +12,14 @@ import (
 	"kurma.dev/kurma/bench/internal/kurmanode"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
+
+// baseBin is the -base-bin flag: a bin folder of another build for the
+// kurma-base setup.
+var baseBin = flag.String("base-bin", "", "bin folder of another build (e.g. main's) whose Kurma binaries the kurma-base setup runs")
+
+// kurmaBin is the -kurma-bin flag: where the kurma setup's binaries
+// come from instead of the cluster's bin folder.
+var kurmaBin = flag.String("kurma-bin", "", "bin folder whose Kurma binaries the kurma setup runs (default: the cluster's)")
 
 // agentNice is the agent's --nice in the kurma setup: the agent plugs
 // pods while 100 sandboxes start on 2 cores, so it runs ahead of them,
@@ -20,7 +30,26 @@ const agentNice = -10
 // (timed by cnitool's wrapper), with the controller, the watcher and a
 // kurma-agent in Kubernetes mode running beside the node in the cluster's
 // namespace (bench/internal/kurmanode).
-func kurmaSetup(_ context.Context, binDir, tmp string) (setup, error) {
+func kurmaSetup(ctx context.Context, binDir, tmp string) (setup, error) {
+	if *kurmaBin != "" {
+		return kurmaFrom(ctx, *kurmaBin, tmp, *kurmaBin)
+	}
+	return kurmaFrom(ctx, binDir, tmp, "")
+}
+
+// kurmaBaseSetup is kurmaSetup with the Kurma binaries of -base-bin (an
+// earlier build: before and after a change, in the same run).
+func kurmaBaseSetup(ctx context.Context, _, tmp string) (setup, error) {
+	if *baseBin == "" {
+		return setup{}, fmt.Errorf("kurma-base needs -base-bin")
+	}
+	return kurmaFrom(ctx, *baseBin, tmp, *baseBin)
+}
+
+// kurmaFrom is Kurma's setup with the binaries of binDir; kurmaDir, when
+// set, is where the node's Kurma processes come from instead of the
+// cluster's bin folder.
+func kurmaFrom(_ context.Context, binDir, tmp, kurmaDir string) (setup, error) {
 	if err := kurmanode.Check(binDir); err != nil {
 		return setup{}, err
 	}
@@ -33,7 +62,7 @@ func kurmaSetup(_ context.Context, binDir, tmp string) (setup, error) {
 	}
 	const metrics = "127.0.0.1:19697"
 	node := &kurmanode.Node{Socket: filepath.Join(tmp, "sock", "cni.sock"), CtlAddr: "127.0.0.1:19698", Token: "kbench",
-		AgentArgs: []string{"--metrics-listen", metrics, "--nice", strconv.Itoa(agentNice)}}
+		AgentArgs: []string{"--metrics-listen", metrics, "--nice", strconv.Itoa(agentNice)}, BinDir: kurmaDir}
 	return setup{
 		ConfList: kurmanode.ConfList(node.Socket),
 		BinDir:   plugins,

@@ -9,13 +9,17 @@
 // "bridge-default" is containerd's default conflist (bridge with
 // masquerade, host-local, portmap); "floor" is a no-op plugin (floorcni),
 // the least any CNI can cost here.
-// Ratios against the peer are printed when more than one setup runs.
+// Ratios against the peer are printed when more than one setup runs. With
+// -rounds N the -cni list is measured N times over, alternating (single
+// rounds on this shared machine swing by ±30%), and a summary gives each
+// setup's median time to all Running, its ADD percentiles over all rounds,
+// and each round's ratio to the peer's round.
 //
 // Adding a setup (e.g. Kurma's driver): write a func of type setupFunc that
 // returns the conflist, the plugin folder, the plugin to time and anything
 // to run beside the node, and register it in setups.
 //
-// Run as root after `make build`: go run ./bench/k8s [-pods 100] [-cni bridge].
+// Run as root after `make build`: go run ./bench/k8s [-pods 100] [-cni bridge] [-rounds 3].
 package main
 
 import (
@@ -71,6 +75,7 @@ var setups = map[string]setupFunc{
 	"bridge":         bridgeSetup,
 	"bridge-default": bridgeDefaultSetup,
 	"kurma":          kurmaSetup,
+	"kurma-base":     kurmaBaseSetup,
 	"floor":          floorSetup,
 }
 
@@ -150,6 +155,7 @@ type figures struct {
 func main() {
 	n := flag.Int("pods", 100, "pods created at once")
 	names := flag.String("cni", "bridge", "comma-separated CNI setups to measure, peer first ("+strings.Join(keys(), ", ")+")")
+	rounds := flag.Int("rounds", 1, "measure the -cni list this many times, alternating (the machine's load drifts between rounds), and print a summary over the rounds")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench/k8s: needs root")
@@ -158,20 +164,38 @@ func main() {
 	ctx := context.Background()
 	binDir := kubecluster.BinDir()
 	var results []figures
-	list := strings.Split(*names, ",")
-	for _, name := range list {
+	var list []string
+	for range max(1, *rounds) {
+		list = append(list, strings.Split(*names, ",")...)
+	}
+	// One hold of the host's cluster lock for every round: no other
+	// cluster runs between them.
+	fmt.Println("waiting for the host's cluster lock...")
+	lock, err := kubecluster.LockHost(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench/k8s: %v\n", err)
+		os.Exit(1)
+	}
+	defer lock.Release()
+	for i, name := range list {
 		f, ok := setups[name]
 		if !ok {
 			fmt.Fprintf(os.Stderr, "bench/k8s: unknown setup %q (have %v)\n", name, keys())
 			os.Exit(2)
 		}
-		r, err := measure(ctx, name, f, binDir, *n)
+		r, err := measure(ctx, name, f, binDir, *n, lock)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench/k8s: %s: %v\n", name, err)
+			_ = lock.Release()
 			os.Exit(1)
 		}
 		results = append(results, r)
+		fmt.Printf("(%d/%d) ", i+1, len(list))
 		report(name, *n, r)
+	}
+	if *rounds > 1 {
+		summarize(list, results)
+		return
 	}
 	for i := 1; i < len(results); i++ {
 		p, r := results[0], results[i]
@@ -179,6 +203,44 @@ func main() {
 			list[i], list[0], ratio(r.all, p.all), ratio(pct(r.perPod, 50), pct(p.perPod, 50)),
 			ratio(pct(r.perPod, 99), pct(p.perPod, 99)), ratio(pct(r.add, 50), pct(p.add, 50)),
 			ratio(pct(r.add, 99), pct(p.add, 99)))
+	}
+}
+
+// summarize prints, per setup, the median over the rounds of the time to
+// all Running, the ADD percentiles of all rounds' calls together, and,
+// for each later setup, its all-Running ratio to the peer's of the same
+// round (the peer is the first name of the list).
+func summarize(list []string, results []figures) {
+	var order []string
+	by := map[string][]figures{}
+	for i, name := range list {
+		if by[name] == nil {
+			order = append(order, name)
+		}
+		by[name] = append(by[name], results[i])
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	fmt.Printf("== summary over %d rounds (alternating)\n", len(by[order[0]]))
+	for _, name := range order {
+		var all, add []time.Duration
+		var each []string
+		for _, r := range by[name] {
+			all = append(all, r.all)
+			add = append(add, r.add...)
+			each = append(each, fmt.Sprintf("%.2f", r.all.Seconds()))
+		}
+		fmt.Printf("%-8s all Running median %.2f s (rounds: %s s); ADD of all rounds (%d) p50 %.0f ms, p90 %.0f ms, p99 %.0f ms\n",
+			name, pct(all, 50).Seconds(), strings.Join(each, " / "), len(add), ms(pct(add, 50)), ms(pct(add, 90)), ms(pct(add, 99)))
+	}
+	peer := by[order[0]]
+	for _, name := range order[1:] {
+		var ratios []string
+		for i, r := range by[name] {
+			if i < len(peer) {
+				ratios = append(ratios, fmt.Sprintf("%.2f×", ratio(r.all, peer[i].all)))
+			}
+		}
+		fmt.Printf("%s vs %s, all Running by round: %s\n", name, order[0], strings.Join(ratios, " / "))
 	}
 }
 
@@ -192,7 +254,7 @@ func keys() []string {
 }
 
 // measure runs one setup on a fresh cluster.
-func measure(ctx context.Context, name string, f setupFunc, binDir string, n int) (r figures, err error) {
+func measure(ctx context.Context, name string, f setupFunc, binDir string, n int, lock *kubecluster.HostLock) (r figures, err error) {
 	tmp, err := os.MkdirTemp("", "kbench-"+name)
 	if err != nil {
 		return r, err
@@ -210,7 +272,7 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 	defer cancel()
 	c, err := kubecluster.Start(sctx, kubecluster.Options{
 		BinDir: binDir, CNIConfList: s.ConfList, CNIBinDir: wrapped,
-		KubeletArgs: []string{"--v=2"},
+		KubeletArgs: []string{"--v=2"}, HeldLock: lock,
 	})
 	if err != nil {
 		return r, err

@@ -23,6 +23,7 @@ import (
 var phaseSeries = []struct{ label, family, match string }{
 	{"daemon ADD, whole", "kurma_cni_request_seconds", "command=ADD,result=ok"},
 	{"  annotation wait", "kurma_cni_add_phase_seconds", "phase=annotation"},
+	{"  network policy wait", "kurma_cni_add_phase_seconds", "phase=policy"},
 	{"  attach (agent plug)", "kurma_cni_add_phase_seconds", "phase=attach"},
 	{"    port not yet on the feed", "kurma_agent_attach_seconds", "phase=port_wait"},
 	{"    urgent port key queue wait", "kurma_agent_queue_wait_seconds", "kind=port,urgent=true"},

@@ -35,6 +35,9 @@ type Node struct {
 	StateDir string
 	// WatcherArgs and AgentArgs are extra flags.
 	WatcherArgs, AgentArgs []string
+	// BinDir, when set, holds the Kurma binaries to run instead of the
+	// cluster's bin folder (another build, compared in the same run).
+	BinDir string
 }
 
 // Check reports a missing binary in binDir.
@@ -71,7 +74,11 @@ func (n *Node) Start(ctx context.Context, c *kubecluster.Cluster) error {
 			"--link-prefix", "kbk", "--nft-table", "kurma-bench-k8s",
 			"--k8s-node-name", c.NodeName, "--k8s-kubeconfig", c.Kubeconfig, "--k8s-cni-socket", n.Socket}, n.AgentArgs...),
 	} {
-		if _, err := c.StartProcess(p[0], exec.Command(filepath.Join(c.BinDir, p[0]), p[1:]...)); err != nil {
+		dir := n.BinDir
+		if dir == "" {
+			dir = c.BinDir
+		}
+		if _, err := c.StartProcess(p[0], exec.Command(filepath.Join(dir, p[0]), p[1:]...)); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -127,9 +128,23 @@ type Datapath struct {
 	mtu   int
 	log   *slog.Logger
 
-	nftMu sync.Mutex          // guards nft and bnft (one transaction at a time)
+	nftMu sync.Mutex          // guards nft, bnft, gconn and gin (one transaction at a time)
 	nft   knftables.Interface // inet table (VPC isolation), bound to the host namespace at creation
-	bnft  knftables.Interface // bridge table of the same name (port guards)
+	bnft  knftables.Interface // bridge table of the same name (port guards): its skeleton
+	gnsf  *os.File            // the host namespace, held for gconn
+	gconn *nftables.Conn      // guard set elements, through netlink
+	gsets [gsCount]*nftables.Set
+	gin   map[gelem]bool // guard elements in the kernel; nil: unknown (the next SetGuards writes them whole)
+
+	// bridges holds each VPC bridge's index (uint32 VNI → int) as its
+	// last EnsureVPC or Plug found it, so that a plug creates its pair
+	// without looking the bridge up; a plug that fails with it looks
+	// again.
+	bridges sync.Map
+	// plugged holds what the last successful Plug of each port made
+	// (string port id → plugRec), so that plugging it again as it is
+	// (the agent's periodic resync) only checks the host end.
+	plugged sync.Map
 }
 
 var _ Interface = (*Datapath)(nil)
@@ -224,16 +239,35 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("datapath: %w", err)
 	}
+	nsPath := cfg.HostNS
+	if nsPath == "" {
+		nsPath = "/proc/self/ns/net"
+	}
+	if d.gnsf, err = os.Open(nsPath); err != nil {
+		return nil, kerrors.New(kerrors.NotFound, "host netns %s: %v", nsPath, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = d.gnsf.Close()
+		}
+	}()
+	if d.gconn, err = nftables.New(nftables.WithNetNSFd(int(d.gnsf.Fd())), nftables.AsLasting()); err != nil {
+		return nil, fmt.Errorf("datapath: nftables netlink: %w", err)
+	}
+	d.gsets = guardSetsOf(cfg.NFTTable)
 	if err := d.syncIsolation(ctx); err != nil {
+		_ = d.gconn.CloseLasting()
 		return nil, err
 	}
 	return d, nil
 }
 
-// Close releases the netlink handle. It leaves every port and VPC in place.
+// Close releases the netlink handles. It leaves every port and VPC in
+// place.
 func (d *Datapath) Close() error {
 	d.h.Close()
-	return nil
+	_ = d.gconn.CloseLasting()
+	return d.gnsf.Close()
 }
 
 // MTU is the MTU given to pod interfaces.

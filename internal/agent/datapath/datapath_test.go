@@ -497,3 +497,58 @@ func TestPlugAdminDown(t *testing.T) {
 		t.Fatalf("admin-down port lost its address:\n%s", out)
 	}
 }
+
+// TestPlugged: Plugged answers true only for the spec last plugged, while
+// its host end is in place on the VPC's bridge; Plug repairs what it
+// reports, and Unplug forgets the port.
+func TestPlugged(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := t.Context()
+	h := newTestHost(t, "192.0.2.1/24", dummyUnderlay(t))
+	if err := h.dp.EnsureVPC(ctx, VPCSpec{VNI: 42, Gateways: []net.IPNet{ipnet(t, "10.42.0.1/24")}}); err != nil {
+		t.Fatal(err)
+	}
+	pod := nettest.NewNS(t, testutil.UniqueName(testPrefix))
+	p := portSpec(t, "checked", 42, pod, "10.42.0.5/24", "10.42.0.1", 5)
+	hostEnd := h.dp.names.hostVeth(p.ID)
+	if h.dp.Plugged(p) {
+		t.Fatal("Plugged before any plug")
+	}
+	plug := func() {
+		t.Helper()
+		if err := h.dp.Plug(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if !h.dp.Plugged(p) {
+			t.Fatal("not Plugged after Plug")
+		}
+	}
+	plug()
+	other := p
+	other.Addrs = []PortAddr{{Addr: ipnet(t, "10.42.0.6/24"), Gateway: p.Addrs[0].Gateway}}
+	if h.dp.Plugged(other) {
+		t.Fatal("Plugged for another spec")
+	}
+	for _, tc := range []struct {
+		name   string
+		change []string
+	}{
+		{"host end off the bridge", []string{"link", "set", hostEnd, "nomaster"}},
+		{"host end down", []string{"link", "set", hostEnd, "down"}},
+		{"host end removed", []string{"link", "del", hostEnd}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nettest.IP(t, h.ns, tc.change...)
+			if h.dp.Plugged(p) {
+				t.Fatal("still Plugged")
+			}
+			plug()
+		})
+	}
+	if err := h.dp.Unplug(ctx, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if h.dp.Plugged(p) {
+		t.Fatal("Plugged after Unplug")
+	}
+}

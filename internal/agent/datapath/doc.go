@@ -41,18 +41,32 @@
 // another VPC on the same host also uses).
 //
 // Port security (SetGuards): a bridge-family table of the same name as the
-// inet one holds a prerouting chain with, per guarded port, rules matched
-// on its host-side veth: frames must have the port's source MAC and be
-// IPv4, ARP or IPv6; IPv4 and ARP senders must be one of the port's
-// addresses (ARP may also use 0.0.0.0), IPv6 sources one of its addresses,
-// link-local or ::. Everything else the pod sends is dropped before the
-// bridge sees it. The table is rewritten whole in one transaction. Rules
-// match interface names, so a guard can precede its port's plug; a port
-// plugged before its guard is set sends unguarded for that moment.
+// inet one holds a prerouting chain of five fixed rules over five sets
+// keyed by the host-side veth's name (guard.go): frames a guarded port
+// sends must have its source MAC and be IPv4, ARP or IPv6; IPv4 and ARP
+// senders must be one of its addresses (ARP may also use 0.0.0.0), IPv6
+// sources one of its addresses, link-local or ::. Everything else the pod
+// sends is dropped before the bridge sees it. A port's guard is its
+// elements: the first SetGuards writes the table whole in one nft
+// transaction, later ones write only the changed elements through netlink
+// (no nft process, O(changed), one transaction). Elements match interface
+// names, so a guard can precede its port's plug; a port plugged before its
+// guard is set sends unguarded for that moment.
+//
+// Plug and the RTNL lock: every rtnetlink request that changes something
+// takes the kernel's RTNL lock, which a burst of pod sandboxes (their
+// namespaces, loopbacks and pairs) contends for. A fresh plug sends 7
+// requests (TestPlugNetlinkRequests counts them): the pair made on its
+// bridge in one (the bridge's index kept from EnsureVPC) and the host
+// end's alias, on a socket of the plug's own, then the container end's
+// lookup, alias, address, up and default route in the pod's namespace.
+// Plugged checks a port plugged before with one lookup, so that the
+// agent's resyncs need not plug every pod again.
 //
 // Locking: a Datapath holds no mutable state besides its netlink handle
-// (safe for concurrent use) and a mutex that serialises nft transactions
-// (nftMu). Callers serialise operations on the same port id and on the
+// (safe for concurrent use), what it last plugged and the bridges' indexes
+// (sync.Maps), the guard elements it wrote, and a mutex that serialises nft
+// transactions and guards that record (nftMu). Callers serialise operations on the same port id and on the
 // same VPC; different ports may be plugged concurrently.
 //
 // It speaks only in its own PortSpec/VPCSpec types, never in the

@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/google/nftables"
 	"sigs.k8s.io/knftables"
 
+	"kurma.dev/kurma/internal/agent/nftbatch"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -30,6 +31,32 @@ type Guard struct {
 // into the bridge, whether it is bridged or routed afterwards.
 const guardChain = "port-guard"
 
+// The guard sets, keyed by the host-side veth's name: the chain's rules
+// are fixed, a port's guard is its elements.
+const (
+	gsPort = iota // ifname: the guarded host ends
+	gsMAC         // ifname . ether_addr: each one's MAC
+	gsARP         // ifname . ipv4_addr: ARP senders (its IPv4 addresses and 0.0.0.0)
+	gsV4          // ifname . ipv4_addr: IPv4 sources
+	gsV6          // ifname . ipv6_addr: IPv6 sources (link-local and :: pass by rule)
+	gsCount
+)
+
+var guardSets = [gsCount]struct{ name, decl string }{
+	{"guard-port", "ifname"},
+	{"guard-mac", "ifname . ether_addr"},
+	{"guard-arp", "ifname . ipv4_addr"},
+	{"guard-v4", "ifname . ipv4_addr"},
+	{"guard-v6", "ifname . ipv6_addr"},
+}
+
+// gelem is one element of a guard set.
+type gelem struct {
+	set  uint8
+	ifn  string // the host end's name
+	rest string // "" (gsPort), a MAC, or an address
+}
+
 // Validate checks a guard.
 func (g Guard) Validate() error {
 	if err := ValidatePortID(g.PortID); err != nil {
@@ -46,24 +73,80 @@ func (g Guard) Validate() error {
 	return nil
 }
 
-// SetGuards makes our bridge-family table hold exactly guards (one
-// atomic transaction). Rules match the host veth by name, so a guard may
-// be set before its port is plugged.
+// SetGuards makes our bridge-family table enforce exactly guards. The
+// first call (and the one after a failure) writes the chain, its sets
+// and every element in one nft transaction; later calls write only the
+// elements that changed, through netlink in one transaction, so a port's
+// arrival costs the same at 10 ports as at 10,000 and runs no nft
+// process. Rules match the host veth by name, so a guard may be set
+// before its port is plugged.
 func (d *Datapath) SetGuards(ctx context.Context, guards []Guard) error {
 	if err := checkCtx(ctx); err != nil {
 		return err
 	}
+	want := map[gelem]bool{}
 	for _, g := range guards {
 		if err := g.Validate(); err != nil {
 			return err
 		}
+		for _, e := range guardElems(g, d.names.hostVeth(g.PortID)) {
+			want[e] = true
+		}
 	}
-	guards = slices.Clone(guards)
-	slices.SortFunc(guards, func(a, b Guard) int { return strings.Compare(a.PortID, b.PortID) })
 	d.nftMu.Lock()
 	defer d.nftMu.Unlock()
+	if d.gin == nil {
+		err := d.writeGuards(ctx, want)
+		if err == nil {
+			d.gin = want
+		}
+		return err
+	}
+	type op struct {
+		e   gelem
+		del bool
+	}
+	var ops []op
+	for e := range d.gin {
+		if !want[e] {
+			ops = append(ops, op{e, true})
+		}
+	}
+	for e := range want {
+		if !d.gin[e] {
+			ops = append(ops, op{e: e})
+		}
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	err := nftbatch.Commit(d.gconn, ops,
+		func(o op) nftbatch.Key { return nftbatch.Key{Set: d.gsets[o.e.set], Order: int(o.e.set), Del: o.del} },
+		func(o op) nftables.SetElement { return nftables.SetElement{Key: o.e.key()} },
+		func(tx []op) {
+			for _, o := range tx {
+				if o.del {
+					delete(d.gin, o.e)
+				} else {
+					d.gin[o.e] = true
+				}
+			}
+		})
+	if err != nil {
+		d.gin = nil // unknown: the retry rewrites the table whole
+		return fmt.Errorf("nftables: port guards: %w", err)
+	}
+	return nil
+}
+
+// writeGuards writes the bridge table, its guard chain and sets, and the
+// elements of want, in one transaction; elements not in want are gone.
+func (d *Datapath) writeGuards(ctx context.Context, want map[gelem]bool) error {
 	tx := d.bnft.NewTransaction()
-	guardRules(tx, d.cfg.Owner, guards, d.names.hostVeth)
+	guardSkeleton(tx, d.cfg.Owner)
+	for e := range want {
+		tx.Add(&knftables.Element{Set: guardSets[e.set].name, Key: e.text()})
+	}
 	return d.inHost(func() error {
 		if err := d.bnft.Run(ctx, tx); err != nil {
 			return fmt.Errorf("nftables: port guards: %w", err)
@@ -72,10 +155,60 @@ func (d *Datapath) SetGuards(ctx context.Context, guards []Guard) error {
 	})
 }
 
-// guardRules fills tx with the bridge table, its guard chain, and the
-// rules of each guard (veth names the port's host-side veth).
-func guardRules(tx *knftables.Transaction, owner string, guards []Guard, veth func(string) string) {
+// guardElems are the set elements of guard g on host end ifn.
+func guardElems(g Guard, ifn string) []gelem {
+	out := []gelem{{set: gsPort, ifn: ifn}, {set: gsMAC, ifn: ifn, rest: g.MAC.String()},
+		{set: gsARP, ifn: ifn, rest: "0.0.0.0"}}
+	for _, ip := range g.IPs {
+		if ip4 := ip.To4(); ip4 != nil {
+			out = append(out, gelem{set: gsARP, ifn: ifn, rest: ip4.String()}, gelem{set: gsV4, ifn: ifn, rest: ip4.String()})
+		} else {
+			out = append(out, gelem{set: gsV6, ifn: ifn, rest: ip.String()})
+		}
+	}
+	return out
+}
+
+// text is the element's key as knftables writes it.
+func (e gelem) text() []string {
+	if e.set == gsPort {
+		return []string{strconv.Quote(e.ifn)}
+	}
+	return []string{strconv.Quote(e.ifn), e.rest}
+}
+
+// key is the element's key as the kernel holds it: the interface name
+// zero-padded to IFNAMSIZ, then the MAC (padded to 8 bytes) or the
+// address.
+func (e gelem) key() []byte {
+	k := make([]byte, ifNameSize, ifNameSize+16)
+	copy(k, e.ifn)
+	switch e.set {
+	case gsMAC:
+		mac, _ := net.ParseMAC(e.rest) // made from a valid MAC
+		k = append(append(k, mac...), 0, 0)
+	case gsARP, gsV4:
+		k = append(k, net.ParseIP(e.rest).To4()...)
+	case gsV6:
+		k = append(k, net.ParseIP(e.rest).To16()...)
+	}
+	return k
+}
+
+// ifNameSize is the kernel's IFNAMSIZ: an interface name in an nft
+// register, zero-padded.
+const ifNameSize = 16
+
+// guardSkeleton fills tx with the bridge table, its guard sets (emptied)
+// and chain, and the chain's fixed rules: a frame from a guarded host end
+// is dropped unless its source MAC, its type, and its ARP sender, IPv4 or
+// IPv6 source are among that host end's elements.
+func guardSkeleton(tx *knftables.Transaction, owner string) {
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo(owner + ": port security")})
+	for _, s := range guardSets {
+		tx.Add(&knftables.Set{Name: s.name, Type: s.decl})
+		tx.Flush(&knftables.Set{Name: s.name})
+	}
 	tx.Add(&knftables.Chain{
 		Name:     guardChain,
 		Type:     knftables.PtrTo(knftables.FilterType),
@@ -84,35 +217,25 @@ func guardRules(tx *knftables.Transaction, owner string, guards []Guard, veth fu
 		Policy:   knftables.PtrTo(knftables.AcceptPolicy),
 	})
 	tx.Flush(&knftables.Chain{Name: guardChain})
-	for _, g := range guards {
-		name := veth(g.PortID)
-		iif := strconv.Quote(name)
-		// The veth name, not the port id: comments are limited to 128
-		// bytes and port ids may hold quotes.
-		comment := knftables.PtrTo(owner + ":guard:" + name)
-		var v4, v6 []string
-		for _, ip := range g.IPs {
-			if ip4 := ip.To4(); ip4 != nil {
-				v4 = append(v4, ip4.String())
-			} else {
-				v6 = append(v6, ip.String())
-			}
-		}
-		rules := [][]string{
-			{"iifname", iif, "ether", "saddr", "!=", g.MAC.String(), "drop"},
-			{"iifname", iif, "ether", "type", "!=", "{", "ip,", "arp,", "ip6", "}", "drop"},
-			{"iifname", iif, "arp", "saddr", "ip", "!=", set(append(v4, "0.0.0.0")), "drop"},
-			{"iifname", iif, "ip6", "saddr", "!=", set(append(v6, "fe80::/10", "::")), "drop"},
-		}
-		if len(v4) > 0 {
-			rules = append(rules, []string{"iifname", iif, "ip", "saddr", "!=", set(v4), "drop"})
-		} else {
-			rules = append(rules, []string{"iifname", iif, "ether", "type", "ip", "drop"})
-		}
-		for _, r := range rules {
-			tx.Add(&knftables.Rule{Chain: guardChain, Rule: knftables.Concat(r), Comment: comment})
-		}
+	guarded := []string{"iifname", "@" + guardSets[gsPort].name}
+	for _, r := range [][]string{
+		{"iifname", ".", "ether", "saddr", "!=", "@" + guardSets[gsMAC].name, "drop"},
+		{"ether", "type", "!=", "{", "ip,", "arp,", "ip6", "}", "drop"},
+		{"iifname", ".", "arp", "saddr", "ip", "!=", "@" + guardSets[gsARP].name, "drop"},
+		{"iifname", ".", "ip", "saddr", "!=", "@" + guardSets[gsV4].name, "drop"},
+		{"ip6", "saddr", "!=", "{", "fe80::/10,", "::", "}", "iifname", ".", "ip6", "saddr", "!=", "@" + guardSets[gsV6].name, "drop"},
+	} {
+		tx.Add(&knftables.Rule{Chain: guardChain, Rule: knftables.Concat(guarded, r), Comment: knftables.PtrTo(owner + ":guard")})
 	}
 }
 
-func set(elems []string) string { return "{ " + strings.Join(elems, ", ") + " }" }
+// guardSetsOf are the netlink handles of the guard sets in the bridge
+// table named table.
+func guardSetsOf(table string) [gsCount]*nftables.Set {
+	t := &nftables.Table{Name: table, Family: nftables.TableFamilyBridge}
+	var out [gsCount]*nftables.Set
+	for i, s := range guardSets {
+		out[i] = &nftables.Set{Table: t, Name: s.name, Concatenation: strings.Contains(s.decl, ".")}
+	}
+	return out
+}

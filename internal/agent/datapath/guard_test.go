@@ -2,7 +2,10 @@ package datapath
 
 import (
 	"context"
+	"maps"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +112,93 @@ func TestGuardRulesLongID(t *testing.T) {
 	out = testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "list", "table", "bridge", h.dp.cfg.NFTTable)
 	if strings.Contains(out, "10.1.0.2") {
 		t.Fatalf("SetGuards(nil) left rules:\n%s", out)
+	}
+}
+
+// TestGuardElements: after the first SetGuards (the whole table, one nft
+// transaction), a guard added or removed changes exactly its elements,
+// through netlink; an element removed behind the datapath's back fails
+// the next change, and the retry rewrites the table whole.
+func TestGuardElements(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := t.Context()
+	h := newTestHost(t, "192.0.2.1/24", dummyUnderlay(t))
+	ga := Guard{PortID: "port-a", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, IPs: []net.IP{net.ParseIP("10.1.0.2").To4(), net.ParseIP("fd00::2")}}
+	gb := Guard{PortID: "port-b", MAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, IPs: []net.IP{net.ParseIP("10.1.0.3").To4()}}
+	va := h.dp.names.hostVeth("port-a")
+	// kernel lists each guard set's elements as "ifname[/rest]".
+	kernel := func() map[string][]string {
+		t.Helper()
+		out := map[string][]string{}
+		for i, s := range h.dp.gsets {
+			els, err := h.dp.gconn.GetSetElements(s)
+			if err != nil {
+				t.Fatalf("list %s: %v", s.Name, err)
+			}
+			for _, e := range els {
+				ifn := strings.TrimRight(string(e.Key[:ifNameSize]), "\x00")
+				rest := e.Key[ifNameSize:]
+				switch i {
+				case gsMAC:
+					ifn += "/" + net.HardwareAddr(rest[:6]).String()
+				case gsARP, gsV4, gsV6:
+					ifn += "/" + net.IP(rest).String()
+				}
+				out[s.Name] = append(out[s.Name], ifn)
+			}
+			slices.Sort(out[s.Name])
+		}
+		return out
+	}
+	want := func(gs ...Guard) map[string][]string {
+		out := map[string][]string{}
+		for _, g := range gs {
+			for _, e := range guardElems(g, h.dp.names.hostVeth(g.PortID)) {
+				k := e.ifn
+				if e.rest != "" {
+					k += "/" + e.rest
+				}
+				out[guardSets[e.set].name] = append(out[guardSets[e.set].name], k)
+			}
+		}
+		for _, v := range out {
+			slices.Sort(v)
+		}
+		return out
+	}
+	steps := []struct {
+		name   string
+		guards []Guard
+	}{
+		{"first (whole table)", []Guard{ga}},
+		{"one added", []Guard{ga, gb}},
+		{"one removed", []Guard{gb}},
+		{"address changed", []Guard{{PortID: "port-b", MAC: gb.MAC, IPs: []net.IP{net.ParseIP("10.1.0.9").To4()}}}},
+		{"none", nil},
+		{"both again", []Guard{ga, gb}},
+	}
+	for _, st := range steps {
+		if err := h.dp.SetGuards(ctx, st.guards); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got, w := kernel(), want(st.guards...); !maps.EqualFunc(got, w, slices.Equal) {
+			t.Fatalf("%s: kernel has\n%v\nwant\n%v", st.name, got, w)
+		}
+		if h.dp.gin == nil {
+			t.Fatalf("%s: the datapath forgot what it wrote", st.name)
+		}
+	}
+	// Someone removes port-a's MAC element: the removal of port-a fails
+	// (the element is not there), and the retry converges.
+	testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "delete", "element", "bridge", h.dp.cfg.NFTTable,
+		guardSets[gsMAC].name, "{", strconv.Quote(va)+" . "+ga.MAC.String(), "}")
+	if err := h.dp.SetGuards(ctx, []Guard{gb}); err == nil {
+		t.Fatal("removing an element that is gone succeeded")
+	}
+	if err := h.dp.SetGuards(ctx, []Guard{gb}); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if got, w := kernel(), want(gb); !maps.EqualFunc(got, w, slices.Equal) {
+		t.Fatalf("after the retry: kernel has\n%v\nwant\n%v", got, w)
 	}
 }

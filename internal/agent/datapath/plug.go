@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -66,10 +67,6 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	br, err := d.ownedLink(d.names.bridge(p.VNI), d.names.vpcAlias(p.VNI))
-	if err != nil {
-		return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
-	}
 	ph, nsh, err := podHandle(p.NetNS)
 	if err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
@@ -77,14 +74,50 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	defer nsh.Close()
 	defer ph.Close()
 
-	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
-	// The common case, a new port with nothing of it left anywhere, needs
-	// no lookups: the pair is made at once. Anything in the way (either
-	// name taken) fails the creation, and the careful path below sorts it
-	// out; so does any other failure, which it reports.
-	if veth := d.newVeth(p, hostName, br, nsh); d.h.LinkAdd(veth) == nil {
-		return d.finishFresh(ph, p, veth, alias)
+	// Requests of this plug in the host namespace that the shared handle
+	// need not carry go through a socket of its own, so plugs in parallel
+	// do not wait on each other's requests in that handle's socket.
+	hs, err := d.hostSocket()
+	if err != nil {
+		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
+	defer hs.Close()
+
+	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
+	fp := plugPrint(p)
+	_, replug := d.plugged.Load(p.ID)
+	d.plugged.Delete(p.ID)
+	defer func() {
+		if retErr == nil {
+			if ix, ok := d.bridges.Load(p.VNI); ok {
+				d.plugged.Store(p.ID, plugRec{print: fp, bridge: ix.(int)})
+			}
+		}
+	}()
+	// The common case, a new port with nothing of it left anywhere, needs
+	// no lookups: the pair is made at once, on the bridge the VPC's
+	// ensure found. Anything in the way (either name taken, the bridge
+	// gone) fails the creation, and the careful path below sorts it out;
+	// so does any other failure, which it reports.
+	// (A port this datapath plugged before goes the careful way at once.)
+	ix, known := d.bridges.Load(p.VNI)
+	if !known && !replug {
+		br, err := d.ownedLink(d.names.bridge(p.VNI), d.names.vpcAlias(p.VNI))
+		if err != nil {
+			return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
+		}
+		ix = br.Attrs().Index
+		d.bridges.Store(p.VNI, ix)
+	}
+	if !replug && d.createVeth(hs, p, hostName, ix.(int), nsh) == nil {
+		return d.finishFresh(hs, ph, p, hostName, alias)
+	}
+	d.bridges.Delete(p.VNI) // looked up afresh below
+	br, err := d.ownedLink(d.names.bridge(p.VNI), d.names.vpcAlias(p.VNI))
+	if err != nil {
+		return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
+	}
+	d.bridges.Store(p.VNI, br.Attrs().Index)
 	host, err := d.h.LinkByName(hostName)
 	switch {
 	case err == nil && host.Attrs().Alias != alias && d.interrupted(host):
@@ -127,11 +160,11 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		pod = nil
 	}
 	if host == nil {
-		veth := d.newVeth(p, hostName, br, nsh)
-		if err := d.h.LinkAdd(veth); err != nil {
+		if err := d.createVeth(hs, p, hostName, br.Attrs().Index, nsh); err != nil {
 			return fmt.Errorf("plug port %s: create veth %s: %w", p.ID, hostName, err)
 		}
-		return d.finishFresh(ph, p, veth, alias)
+		d.bridges.Store(p.VNI, br.Attrs().Index)
+		return d.finishFresh(hs, ph, p, hostName, alias)
 	}
 	if err := configurePod(ph, p, alias, d.mtu, false); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
@@ -142,35 +175,117 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	return nil
 }
 
-// newVeth is the request that makes a port's pair: the host end on the
-// bridge, the container end in the pod's namespace with the port's MAC,
-// both up unless the port is admin down.
-func (d *Datapath) newVeth(p PortSpec, hostName string, br netlink.Link, nsh netns.NsHandle) *netlink.Veth {
-	veth := &netlink.Veth{
-		LinkAttrs: netlink.LinkAttrs{Name: hostName, MTU: d.mtu, MasterIndex: br.Attrs().Index,
-			HardwareAddr: d.sigMAC(hostName)},
-		PeerName:         p.IfName,
-		PeerNamespace:    netlink.NsFd(int(nsh)),
-		PeerHardwareAddr: p.MAC,
-		PeerMTU:          uint32(d.mtu),
-	}
-	if !p.AdminDown {
-		veth.Flags = net.FlagUp
-	}
-	return veth
+// plugRec is what Plug remembers of a port it plugged: the spec (plugPrint)
+// and the index of the bridge its host end joined.
+type plugRec struct {
+	print  string
+	bridge int
 }
 
-// finishFresh configures a pair newVeth just made, or removes it.
-// LinkAdd filled in the host end's index; its name, MTU, MAC, master and
-// up were all part of the creation, only the alias is left.
-func (d *Datapath) finishFresh(ph *netlink.Handle, p PortSpec, veth *netlink.Veth, alias string) (retErr error) {
+// plugPrint is a port spec in a comparable form.
+func plugPrint(p PortSpec) string {
+	return fmt.Sprintf("%s|%d|%s|%s|%v|%t", p.NetNS, p.VNI, p.IfName, p.MAC, p.Addrs, p.AdminDown)
+}
+
+// Plugged reports, with one lookup, whether the last successful Plug of
+// p.ID was of the same spec and its host end is still in place: it exists,
+// is ours, is up unless the port is admin down, and is a port of the
+// bridge the VPC has now. The container end's settings are not read: its
+// namespace is the pod's, and the pair goes with it; Plug re-applies them.
+func (d *Datapath) Plugged(p PortSpec) bool {
+	v, ok := d.plugged.Load(p.ID)
+	if !ok || v.(plugRec).print != plugPrint(p) {
+		return false
+	}
+	rec := v.(plugRec)
+	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
+	ix, ok := d.bridges.Load(p.VNI)
+	if !ok || ix.(int) != rec.bridge {
+		return false
+	}
+	l, err := d.h.LinkByName(hostName)
+	if err != nil {
+		return false
+	}
+	a := l.Attrs()
+	return a.Alias == alias && a.MasterIndex == rec.bridge && (a.Flags&net.FlagUp != 0) == !p.AdminDown
+}
+
+// createVeth makes a port's pair in one request: the host end named
+// hostName on the bridge of index brIndex, the container end in the pod's
+// namespace (nsh) with the port's MAC, both with the datapath's MTU, the
+// host end up unless the port is admin down, through hs (a hostSocket).
+// (netlink.Handle.LinkAdd takes three requests for this: the creation, a
+// read back of the index, and the bridge port, which the kernel accepts
+// in the creation itself.)
+func (d *Datapath) createVeth(hs *nl.NetlinkSocket, p PortSpec, hostName string, brIndex int, nsh netns.NsHandle) error {
+	var up uint32
+	if !p.AdminDown {
+		up = unix.IFF_UP
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Flags, msg.Change = up, unix.IFF_UP
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(d.mtu))))
+	req.AddData(nl.NewRtAttr(unix.IFLA_ADDRESS, d.sigMAC(hostName)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_MASTER, nl.Uint32Attr(uint32(brIndex))))
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
+	peer := info.AddRtAttr(nl.IFLA_INFO_DATA, nil).AddRtAttr(nl.VETH_INFO_PEER, nil)
+	// The container end comes up later (configurePod): this kernel
+	// refuses a peer created up (ENOTCONN).
+	peer.AddChild(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	peer.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(p.IfName))
+	peer.AddRtAttr(unix.IFLA_MTU, nl.Uint32Attr(uint32(d.mtu)))
+	peer.AddRtAttr(unix.IFLA_ADDRESS, []byte(p.MAC))
+	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(nsh)))
+	req.AddData(info)
+	return request(hs, req)
+}
+
+// setAliasByName sets a host link's alias through hs, naming the link (no
+// index needed).
+func setAliasByName(hs *nl.NetlinkSocket, name, alias string) error {
+	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(alias)))
+	return request(hs, req)
+}
+
+// hostSocket opens a NETLINK_ROUTE socket in the host namespace.
+func (d *Datapath) hostSocket() (*nl.NetlinkSocket, error) {
+	at := netns.None() // the process's own: no namespace switch
+	if d.cfg.HostNS != "" {
+		at = netns.NsHandle(int(d.gnsf.Fd()))
+	}
+	s, err := nl.GetNetlinkSocketAt(at, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink socket: %w", err)
+	}
+	return s, nil
+}
+
+// request sends req through s and waits for the kernel's answer.
+func request(s *nl.NetlinkSocket, req *nl.NetlinkRequest) error {
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+// finishFresh configures a pair createVeth just made, or removes it: its
+// name, MTU, MACs, bridge and up were all part of the creation; the
+// aliases, the container end's addresses and its routes are left.
+func (d *Datapath) finishFresh(hs *nl.NetlinkSocket, ph *netlink.Handle, p PortSpec, hostName, alias string) (retErr error) {
 	defer func() {
 		if retErr != nil {
-			d.rollbackLink(veth.Name)
+			d.rollbackLink(hostName)
 		}
 	}()
-	if err := d.h.LinkSetAlias(veth, alias); err != nil {
-		return fmt.Errorf("plug port %s: alias %s: %w", p.ID, veth.Name, err)
+	if err := setAliasByName(hs, hostName, alias); err != nil {
+		return fmt.Errorf("plug port %s: alias %s: %w", p.ID, hostName, err)
 	}
 	if err := configurePod(ph, p, alias, d.mtu, true); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
@@ -360,6 +475,7 @@ func (d *Datapath) Unplug(ctx context.Context, portID string) error {
 	if err := ValidatePortID(portID); err != nil {
 		return err
 	}
+	d.plugged.Delete(portID)
 	name := d.names.hostVeth(portID)
 	l, err := d.h.LinkByName(name)
 	if isNotFound(err) {

@@ -117,6 +117,7 @@ func (d *Datapath) EnsureVPC(ctx context.Context, v VPCSpec) (retErr error) {
 			return fmt.Errorf("vpc %d: %w", v.VNI, err)
 		}
 	}
+	d.bridges.Store(v.VNI, br.Attrs().Index)
 	return nil
 }
 
@@ -132,6 +133,7 @@ func (d *Datapath) DeleteVPC(ctx context.Context, vni uint32) error {
 	if err := checkCtx(ctx); err != nil {
 		return err
 	}
+	d.bridges.Delete(vni)
 	alias := d.names.vpcAlias(vni)
 	for _, name := range []string{d.names.vxlan(vni), d.names.bridge(vni)} {
 		l, err := d.ownedLink(name, alias)

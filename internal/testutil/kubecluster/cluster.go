@@ -64,6 +64,10 @@ type Options struct {
 	CNIBinDir string
 	// KubeletArgs are extra kubelet flags (e.g. --v=2).
 	KubeletArgs []string
+	// HeldLock, when set, is the host-wide cluster lock the caller holds
+	// (LockHost) across several clusters: Start does not take it and
+	// Close does not release it.
+	HeldLock *HostLock
 	// APIServerArgs are extra kube-apiserver flags.
 	APIServerArgs []string
 
@@ -216,9 +220,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 			return nil, fmt.Errorf("kubecluster: %v not installed (hack/apt-packages.txt)", m)
 		}
 	}
-	lock, err := hostLock(ctx, lockPath)
-	if err != nil {
-		return nil, err
+	var (
+		lock *os.File
+		err  error
+	)
+	if opts.HeldLock == nil {
+		if lock, err = hostLock(ctx, lockPath); err != nil {
+			return nil, err
+		}
 	}
 	c = &Cluster{lock: lock, NodeName: opts.NodeName, BinDir: opts.BinDir}
 	defer func() {

@@ -56,6 +56,24 @@ func hostLock(ctx context.Context, path string) (*os.File, error) {
 	}
 }
 
+// HostLock is the host-wide cluster lock held across clusters: a program
+// that runs clusters back to back and compares them (bench/k8s's
+// alternating rounds) holds it, so that no other cluster runs between
+// them. Pass it as Options.HeldLock.
+type HostLock struct{ f *os.File }
+
+// LockHost waits for the host-wide cluster lock, as Start does.
+func LockHost(ctx context.Context) (*HostLock, error) {
+	f, err := hostLock(ctx, lockPath)
+	if err != nil {
+		return nil, err
+	}
+	return &HostLock{f: f}, nil
+}
+
+// Release gives the lock back; no cluster of it may be running.
+func (l *HostLock) Release() error { return l.f.Close() }
+
 // mounts returns the mount points of the host's mount namespace whose
 // filesystem type matches fstype ("" for all).
 func mounts(fstype string) ([]string, error) {

@@ -1,0 +1,98 @@
+package datapath
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/testutil"
+)
+
+// maxPlugRequests bounds the netlink requests of a fresh plug (its VPC
+// ensured): the pair's creation and the host end's alias in the host
+// namespace; the container end's lookup, alias, address, up and default
+// route in the pod's. Every request takes the kernel's RTNL lock, which a
+// burst of pod sandboxes contends for.
+const maxPlugRequests = 7
+
+// plugOnceEnv makes TestPlugNetlinkRequests, run as a child, plug one
+// port between two markers instead of tracing.
+const plugOnceEnv = "KURMA_TEST_PLUG_ONCE"
+
+// TestPlugNetlinkRequests counts the netlink requests one fresh plug
+// sends: the test runs itself under strace, where the child plugs one
+// port between two marker writes.
+func TestPlugNetlinkRequests(t *testing.T) {
+	testutil.RequireRoot(t)
+	if os.Getenv(plugOnceEnv) != "" {
+		plugOnce(t)
+		return
+	}
+	strace, err := exec.LookPath("strace")
+	if err != nil {
+		t.Skip("strace not installed")
+	}
+	trace := filepath.Join(t.TempDir(), "trace")
+	cmd := exec.CommandContext(t.Context(), strace, "-f", "-qq", "-e", "trace=sendto,sendmsg,setns,write", "-o", trace,
+		os.Args[0], "-test.run=^TestPlugNetlinkRequests$", "-test.count=1")
+	cmd.Env = append(os.Environ(), plugOnceEnv+"=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	f, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	in, sends, setns := false, 0, 0
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		l := s.Text()
+		switch {
+		case strings.Contains(l, `"kurma-plug-begin"`):
+			in = true
+		case strings.Contains(l, `"kurma-plug-end"`):
+			in = false
+		case !in:
+		case strings.Contains(l, "sendto(") || strings.Contains(l, "sendmsg("):
+			sends++
+		case strings.Contains(l, "setns("):
+			setns++
+		}
+	}
+	t.Logf("one fresh plug: %d netlink requests, %d setns calls", sends, setns)
+	if sends == 0 {
+		t.Fatal("no request seen between the markers")
+	}
+	if sends > maxPlugRequests {
+		t.Errorf("a fresh plug sent %d netlink requests, want at most %d", sends, maxPlugRequests)
+	}
+}
+
+// plugOnce ensures a VPC and plugs one port, the plug between marker
+// writes to /dev/null.
+func plugOnce(t *testing.T) {
+	h := newTestHost(t, "192.0.2.1/24", dummyUnderlay(t))
+	if err := h.dp.EnsureVPC(t.Context(), VPCSpec{VNI: 7, Gateways: []net.IPNet{ipnet(t, "10.7.0.1/24")}}); err != nil {
+		t.Fatal(err)
+	}
+	pod := nettest.NewNS(t, testutil.UniqueName(testPrefix))
+	p := portSpec(t, "counted", 7, pod, "10.7.0.5/24", "10.7.0.1", 5)
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	_, _ = null.WriteString("kurma-plug-begin")
+	err = h.dp.Plug(t.Context(), p)
+	_, _ = null.WriteString("kurma-plug-end")
+	if err != nil {
+		t.Fatal(err)
+	}
+}
