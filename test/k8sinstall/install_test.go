@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -25,9 +28,9 @@ import (
 )
 
 // settings are the documented edits of docs/install-kubernetes.md for this
-// cluster: the ConfigMap's REQUIRED keys, one watcher replica (one node),
-// and the host folders (the harness's node keeps its CNI folders, and
-// this test its state folders, under folders of their own).
+// cluster: the ConfigMap's REQUIRED keys and the host folders (the
+// harness's nodes keep their CNI folders, and this test its state folders,
+// under folders of their own).
 type settings struct {
 	apiHost, apiPort, controllerURL, serviceCIDR string
 	netnsDir                                     string            // where the runtime mounts pod namespaces
@@ -52,8 +55,6 @@ func (s settings) edit(t *testing.T, name, text string) string {
 		sub(`k8s-service-port: "6443"`, fmt.Sprintf("k8s-service-port: %q", s.apiPort))
 		sub(`controller-url: ""`, fmt.Sprintf("controller-url: %q", s.controllerURL))
 		sub(`service-cidr: "10.96.0.0/12"`, fmt.Sprintf("service-cidr: %q", s.serviceCIDR))
-	case "20-watcher.yaml":
-		sub("replicas: 2", "replicas: 1")
 	case "30-agent.yaml":
 		sub("mountPath: /var/run/netns", "mountPath: "+s.netnsDir)
 	}
@@ -96,10 +97,12 @@ type nodeState struct {
 	Links, Tables, Routes, Files []string
 }
 
-func snapshot(t *testing.T, ctx context.Context, c *kubecluster.Cluster, dirs ...string) nodeState {
+// snapshot records node n's links, routes, nft tables and the files under
+// dirs (paths as the node sees them).
+func snapshot(t *testing.T, ctx context.Context, n *kubecluster.Node, dirs ...string) nodeState {
 	t.Helper()
 	var s nodeState
-	if err := c.Do(func() error {
+	if err := n.Do(func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err
@@ -112,13 +115,18 @@ func snapshot(t *testing.T, ctx context.Context, c *kubecluster.Cluster, dirs ..
 			return err
 		}
 		for _, r := range routes {
+			// IPv6 subnet-router anycast routes come with forwarding,
+			// which the uninstall leaves on (documented).
+			if r.Type == unix.RTN_ANYCAST {
+				continue
+			}
 			s.Routes = append(s.Routes, r.String())
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.Command(ctx, "nft", "list", "tables").CombinedOutput()
+	out, err := n.Command(ctx, "nft", "list", "tables").CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list tables: %v: %s", err, out)
 	}
@@ -129,6 +137,7 @@ func snapshot(t *testing.T, ctx context.Context, c *kubecluster.Cluster, dirs ..
 		}
 	}
 	for _, d := range dirs {
+		d = n.HostPath(d)
 		_ = filepath.WalkDir(d, func(p string, _ os.DirEntry, err error) error {
 			if err == nil {
 				s.Files = append(s.Files, p)
@@ -144,21 +153,25 @@ func snapshot(t *testing.T, ctx context.Context, c *kubecluster.Cluster, dirs ..
 
 func TestInstallAsDocumented(t *testing.T) {
 	testutil.RequireRoot(t)
-	// Not yet in make test: the cluster's teardown after the uninstall
-	// fails (containerd 1.6 cannot stop the deleted pod's sandbox once the
-	// conflist is gone: "cni plugin not initialized"). make test-install
-	// runs it; issue 22 says what remains.
-	if os.Getenv("KURMA_TEST_INSTALL") == "" {
-		t.Skip("set KURMA_TEST_INSTALL=1 (make test-install)")
-	}
 	bin := kubecluster.BinDir()
 	image := filepath.Join(bin, "images", "kurma.tar")
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("%s not built (make image): %v", image, err)
 	}
+	// State folders of the nodes (the defaults are /var/lib/... and
+	// /run/kurma): the first node's here and /run/kurma, the second's in
+	// its own copies of them (Options.NodeDirs).
+	root := t.TempDir()
+	if _, err := os.Stat("/run/kurma"); err == nil {
+		t.Skip("/run/kurma exists on this host: another Kurma install? (this test removes it)")
+	}
+	t.Cleanup(func() { _ = os.RemoveAll("/run/kurma") }) // when the test fails before the uninstall
+	if err := os.MkdirAll(filepath.Join(root, "var/lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	c := kubecluster.StartT(t, kubecluster.Options{ServiceAccounts: true, ControllerManager: true, Scheduler: true,
-		SharedNetNS: true})
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+		SharedNetNS: true, Nodes: 2, NodeDirs: []string{"/run", root}})
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 	kubectl := func(args ...string) string {
 		t.Helper()
@@ -169,19 +182,9 @@ func TestInstallAsDocumented(t *testing.T) {
 		return out
 	}
 
-	// State folders of this node (the defaults are /var/lib/... and /run/kurma).
-	root := t.TempDir()
-	if _, err := os.Stat("/run/kurma"); err == nil {
-		t.Skip("/run/kurma exists on this host: another Kurma install? (this test removes it)")
-	}
-	t.Cleanup(func() { _ = os.RemoveAll("/run/kurma") }) // when the test fails before the uninstall
-	for _, d := range []string{"var/lib"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	s := settings{
-		apiHost: "127.0.0.1", apiPort: "6443", controllerURL: "http://" + kubecluster.NodeIP + ":9696",
+		// The API server's real address, reached from every node.
+		apiHost: kubecluster.NodeIP, apiPort: "6443", controllerURL: "http://" + kubecluster.NodeIP + ":9696",
 		serviceCIDR: kubecluster.ServiceCIDR, netnsDir: c.NetNSDir,
 		hostPaths: map[string]string{
 			"/opt/cni/bin": c.CNIBinDir,
@@ -202,29 +205,41 @@ func TestInstallAsDocumented(t *testing.T) {
 	manifests := filepath.Join(t.TempDir(), "kubernetes")
 	s.writeManifests(t, filepath.Join(testutil.RepoRoot(t), "deploy", "kubernetes"), manifests)
 
-	before := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma")
+	// Each node has the parent of the state folders, as a machine has
+	// /var/lib (the second node's view of root starts empty).
+	for _, n := range c.Nodes {
+		if err := os.MkdirAll(n.HostPath(filepath.Join(root, "var/lib")), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stateDirs := []string{filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma"}
+	var before []nodeState
+	for _, n := range c.Nodes {
+		before = append(before, snapshot(t, ctx, n, stateDirs...))
+	}
 
 	// The install, as docs/install-kubernetes.md lists it.
 	if err := c.ImportImage(ctx, image); err != nil {
 		t.Fatal(err)
 	}
+	token := randHex(t)
 	kubectl("-n", "kube-system", "create", "secret", "generic", "kurma-controller-token",
-		"--from-literal=token="+randHex(t))
+		"--from-literal=token="+token)
 	kubectl("label", "node", c.NodeName, "kurma.dev/controller=true")
 	applied := time.Now()
 	kubectl("apply", "-f", manifests)
 
-	ready := waitFor(t, ctx, "node Ready", func() (bool, string) {
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				return cond.Status == corev1.ConditionTrue, cond.Message
+	ready := waitFor(t, ctx, "nodes Ready", func() (bool, string) {
+		for _, node := range c.Nodes {
+			n, err := c.Client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			if !nodeReady(n) {
+				return false, node.Name + " not Ready"
 			}
 		}
-		return false, "no Ready condition"
+		return true, ""
 	}, c)
 	// Every Kurma pod Ready (probes: synced with the API server and the controller).
 	waitFor(t, ctx, "kurma pods Ready", func() (bool, string) {
@@ -232,7 +247,8 @@ func TestInstallAsDocumented(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		if len(pods.Items) != 3 {
+		// The controller, and a watcher and an agent on each node.
+		if len(pods.Items) != 1+2*len(c.Nodes) {
 			return false, fmt.Sprintf("%d pods", len(pods.Items))
 		}
 		for _, p := range pods.Items {
@@ -243,46 +259,77 @@ func TestInstallAsDocumented(t *testing.T) {
 		return true, ""
 	}, c)
 
-	// A pod and a ClusterIP Service.
+	// A pod on each node and a ClusterIP Service in front of them.
 	labels := map[string]string{"app": "k8sinstall-echo"}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "k8sinstall-echo", Namespace: "default", Labels: labels},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "echo", Image: kubecluster.EchoImage,
-			ImagePullPolicy: corev1.PullNever, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}}}
-	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var podIP string
-	running := waitFor(t, ctx, "pod Running", func() (bool, string) {
-		p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
+	var pods []*corev1.Pod
+	for _, n := range c.Nodes {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "k8sinstall-echo-" + n.Name, Namespace: "default", Labels: labels},
+			Spec: corev1.PodSpec{NodeName: n.Name, TerminationGracePeriodSeconds: new(int64),
+				Containers: []corev1.Container{{Name: "echo", Image: kubecluster.EchoImage,
+					ImagePullPolicy: corev1.PullNever, Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}}}
+		if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
 		}
-		podIP = p.Status.PodIP
-		return p.Status.Phase == corev1.PodRunning && podIP != "", string(p.Status.Phase) + " " + podWhy(p)
-	}, c)
+		pods = append(pods, pod)
+	}
+	var running time.Time
+	for i, pod := range pods {
+		at := waitFor(t, ctx, "pod Running", func() (bool, string) {
+			p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			pods[i] = p
+			return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", string(p.Status.Phase) + " " + podWhy(p)
+		}, c)
+		if running.IsZero() || at.Before(running) {
+			running = at
+		}
+	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "k8sinstall-echo", Namespace: "default"},
 		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "echo", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
 	svc, err := c.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "ClusterIP answers", func() (bool, string) {
-		got, err := echo(ctx, c, svc.Spec.ClusterIP+":80")
+	waitFor(t, ctx, "ClusterIP answers on the node", func() (bool, string) {
+		got, err := echo(ctx, c.DialContext, svc.Spec.ClusterIP+":80")
 		return err == nil && got == "hello", fmt.Sprint(got, err)
 	}, c)
-	if got, err := echo(ctx, c, podIP+":8080"); err != nil || got != "hello" {
-		t.Fatalf("pod %s: %q %v", podIP, got, err)
+	// Pod to pod across the nodes (Kurma's overlay) and pod to the
+	// ClusterIP, from a pod on each node.
+	for _, from := range pods {
+		dial := podDialer(t, c, from)
+		for _, to := range pods {
+			if got, err := echo(ctx, dial, to.Status.PodIP+":8080"); err != nil || got != "hello" {
+				t.Errorf("pod %s (%s) → pod %s (%s): %q %v", from.Name, from.Spec.NodeName, to.Name, to.Spec.NodeName, got, err)
+			}
+		}
+		waitFor(t, ctx, "ClusterIP answers from pod "+from.Name, func() (bool, string) {
+			got, err := echo(ctx, dial, svc.Spec.ClusterIP+":80")
+			return err == nil && got == "hello", fmt.Sprint(got, err)
+		}, c)
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	fi, _ := os.Stat(image)
-	t.Logf("FIGURES image tarball %.1f MiB; apply → node Ready %v; apply → first pod Running %v",
+	t.Logf("FIGURES %d nodes; image tarball %.1f MiB; apply → all nodes Ready %v; apply → first pod Running %v", len(c.Nodes),
 		float64(fi.Size())/(1<<20), ready.Sub(applied).Round(10*time.Millisecond), running.Sub(applied).Round(10*time.Millisecond))
+
+	in := &installed{c: c, token: token, pods: pods, svc: svc, kubectl: kubectl}
+	in.upgrade(t, ctx)
+	in.chaosRollout(t, ctx)
+	in.agentAtRest(t)
 
 	// The uninstall, as documented: workloads first, then Kurma's
 	// DaemonSet and Deployments, then the uninstall DaemonSet, then the rest.
 	if err := c.Client.CoreV1().Services("default").Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubectl("delete", "pod", pod.Name, "--wait=true", "--timeout=2m")
+	for _, pod := range pods {
+		kubectl("delete", "pod", pod.Name, "--wait=true", "--timeout=2m")
+	}
 	kubectl("-n", "kube-system", "delete", "daemonset/kurma-agent", "deployment/kurma-k8s-watcher",
 		"deployment/kurma-controller", "--wait=true", "--timeout=2m")
 	waitFor(t, ctx, "kurma pods gone", func() (bool, string) {
@@ -300,15 +347,53 @@ func TestInstallAsDocumented(t *testing.T) {
 		return err == nil && len(pods.Items) == 0, fmt.Sprint(err)
 	}, c)
 
-	after := snapshot(t, ctx, c, filepath.Dir(c.CNIConfDir), c.CNIBinDir, root, "/run/kurma")
-	for _, d := range []struct {
-		what          string
-		before, after []string
-	}{{"links", before.Links, after.Links}, {"nft tables", before.Tables, after.Tables},
-		{"routes", before.Routes, after.Routes}, {"files", before.Files, after.Files}} {
-		if !slices.Equal(d.before, d.after) {
-			t.Errorf("%s differ after uninstall:\nbefore %q\nafter  %q", d.what, d.before, d.after)
+	for i, n := range c.Nodes {
+		after := snapshot(t, ctx, n, stateDirs...)
+		for _, d := range []struct {
+			what          string
+			before, after []string
+		}{{"links", before[i].Links, after.Links}, {"nft tables", before[i].Tables, after.Tables},
+			{"routes", before[i].Routes, after.Routes}, {"files", before[i].Files, after.Files}} {
+			if !slices.Equal(d.before, d.after) {
+				t.Errorf("node %s: %s differ after uninstall:\nbefore %q\nafter  %q", n.Name, d.what, d.before, d.after)
+			}
 		}
+	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// dialer dials addr from some network namespace.
+type dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// podDialer returns a dialer from inside pod p's network namespace.
+func podDialer(t *testing.T, c *kubecluster.Cluster, p *corev1.Pod) dialer {
+	t.Helper()
+	path, err := c.PodNetNS(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pns, err := ns.GetNS(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pns.Close() })
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := pns.Do(func(ns.NetNS) error {
+			var d net.Dialer
+			var err error
+			conn, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
 	}
 }
 
@@ -339,12 +424,12 @@ func podWhy(p *corev1.Pod) string {
 	return b.String()
 }
 
-// echo sends "hello" to the echo app at addr from the node and returns
+// echo sends "hello" to the echo app at addr through dial and returns
 // the line it answers.
-func echo(ctx context.Context, c *kubecluster.Cluster, addr string) (string, error) {
+func echo(ctx context.Context, dial dialer, addr string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	conn, err := c.DialContext(ctx, "tcp", addr)
+	conn, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return "", err
 	}
@@ -391,7 +476,11 @@ func randHex(t *testing.T) string {
 // can reach; this one listens on loopback).
 func podLogs(c *kubecluster.Cluster) string {
 	var b strings.Builder
-	files, _ := filepath.Glob(filepath.Join(c.Dir, "kubelet", "pod-logs", "kube-system_kurma*", "*", "*.log"))
+	var files []string
+	for _, n := range c.Nodes {
+		f, _ := filepath.Glob(filepath.Join(n.Dir, "kubelet", "pod-logs", "kube-system_kurma*", "*", "*.log"))
+		files = append(files, f...)
+	}
 	for _, f := range files {
 		data, _ := os.ReadFile(f)
 		if len(data) > 3000 {

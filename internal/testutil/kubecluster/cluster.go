@@ -26,11 +26,20 @@ import (
 
 // Fixed addresses inside the cluster's own network namespace.
 const (
-	// NodeIP is the node's InternalIP, an address on the namespace's lo.
-	NodeIP       = "10.253.0.1"
-	apiPort      = 6443
-	etcdPort     = 2379
-	etcdPeerPort = 2380
+	// NodeIP is the first node's InternalIP, an address on the
+	// namespace's lo. Node i (0-based) of a cluster of several has
+	// 10.253.0.(i+1) (UnderlayCIDR).
+	NodeIP = "10.253.0.1"
+	// UnderlayCIDR is the nodes' shared network when Options.Nodes > 1:
+	// the bridge UnderlayBridge in the first node's namespace, and in
+	// every other node's a veth (UnderlayLink) plugged into it.
+	UnderlayCIDR = "10.253.0.0/24"
+	// UnderlayBridge and UnderlayLink name the underlay's links.
+	UnderlayBridge = "kkc-underlay"
+	UnderlayLink   = "eth0"
+	apiPort        = 6443
+	etcdPort       = 2379
+	etcdPeerPort   = 2380
 	// ServiceCIDR is the API server's --service-cluster-ip-range.
 	ServiceCIDR = "10.96.0.0/16"
 	// PauseImage and EchoImage are the offline images every node has
@@ -44,8 +53,28 @@ type Options struct {
 	// BinDir is where `make build` put its output; default
 	// $KURMA_BIN_DIR, else <repo>/bin.
 	BinDir string
-	// NodeName is the kubelet's node name; default "kurma-node".
+	// NodeName is the kubelet's node name; default "kurma-node". With
+	// Nodes > 1, node i (from 1) is named NodeName-(i+1).
 	NodeName string
+	// Nodes is the number of nodes (default 1). Each node is a containerd
+	// and a kubelet with their own folders, cgroup root and sockets; the
+	// first shares the control plane's network namespace, each other one
+	// has its own, on a shared underlay (UnderlayCIDR). The API server
+	// then listens on every address of the first namespace, so that the
+	// other nodes' kubelets reach it at NodeIP.
+	//
+	// Each node after the first also has a mount namespace of its own
+	// (a slave of the host's), as a machine has its own file system: the
+	// first node's CNI folder and containerd state folder (NetNSDir) are,
+	// there, bind mounts of the node's own, so that a DaemonSet's
+	// hostPath naming the first node's folders reaches each node's and pod
+	// namespaces have alike paths on every node; NodeDirs adds more.
+	Nodes int
+	// NodeDirs are host folders (existing ones) that each node after the
+	// first sees as an empty folder of its own (Node.HostPath tells where
+	// it is in the host's view); the first node sees them as they are.
+	// "/run" gives each node its own /run (as a machine has).
+	NodeDirs []string
 	// NoNode runs only etcd and kube-apiserver (plus the controllers
 	// asked for): no containerd, no kubelet.
 	NoNode bool
@@ -126,6 +155,10 @@ type Cluster struct {
 	// Config and Client are admin clients for the API server.
 	Config *rest.Config
 	Client kubernetes.Interface
+	// Nodes are the cluster's nodes, the first one first (none with
+	// Options.NoNode). The fields below (NodeName to NetNSDir) are the
+	// first node's.
+	Nodes []*Node
 	// NodeName is the kubelet's node; CgroupRoot its cgroup root.
 	NodeName, CgroupRoot string
 	// ContainerdSocket is the node's CRI endpoint (a path).
@@ -140,6 +173,7 @@ type Cluster struct {
 
 	netns   ns.NetNS
 	spawn   *spawner
+	node0   *Node // the first node: the cluster's namespace (also with NoNode)
 	lock    *os.File
 	sysctls map[string]string
 	// newDirs are the hostDirs that did not exist when the node started.
@@ -212,6 +246,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 	if opts.ServiceAccounts {
 		opts.ControllerManager = true
 	}
+	if opts.Nodes < 1 {
+		opts.Nodes = 1
+	}
+	if opts.Nodes > 200 {
+		return nil, fmt.Errorf("kubecluster: %d nodes (at most 200 on the underlay)", opts.Nodes)
+	}
 	if m := Binaries(opts.BinDir, opts); len(m) > 0 {
 		return nil, fmt.Errorf("kubecluster: missing %v in %s (make build)", m, opts.BinDir)
 	}
@@ -257,15 +297,35 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 	if c.spawn, err = newSpawner(c.NetNS); err != nil {
 		return c, err
 	}
+	c.node0 = &Node{Name: opts.NodeName, IP: NodeIP, NetNS: c.NetNS, Dir: c.Dir, c: c, netns: c.netns, spawn: c.spawn}
 	if err := c.startControlPlane(ctx, opts); err != nil {
 		return c, err
 	}
 	if opts.NoNode {
 		return c, nil
 	}
-	if err := c.startNode(ctx, opts); err != nil {
+	c.newDirs = missingHostDirs()
+	if c.sysctls, err = saveSysctls(); err != nil {
 		return c, err
 	}
+	c.Nodes = []*Node{c.node0}
+	for i := 1; i < opts.Nodes; i++ {
+		n, err := c.addNodeNS(i, opts)
+		if err != nil {
+			return c, err
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	if err := c.saveRecord(); err != nil {
+		return c, err
+	}
+	for _, n := range c.Nodes {
+		if err := c.startNode(ctx, n, opts); err != nil {
+			return c, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	c.CgroupRoot, c.ContainerdSocket = c.node0.CgroupRoot, c.node0.ContainerdSocket
+	c.CNIConfDir, c.CNIBinDir, c.NetNSDir = c.node0.CNIConfDir, c.node0.CNIBinDir, c.node0.NetNSDir
 	return c, nil
 }
 
@@ -303,36 +363,48 @@ func (c *Cluster) teardown() error {
 	for _, p := range procs {
 		byName[p.Name] = p
 	}
-	// Caller processes first, newest first; then the kubelet, so that
+	// Caller processes first, newest first; then the kubelets, so that
 	// nothing recreates pods; then the sandboxes through the CRI (their
 	// CNI DEL runs), then the daemons.
 	for i := len(procs) - 1; i >= 0; i-- {
-		if !daemonNames[procs[i].Name] {
+		if !procs[i].daemon {
 			procs[i].Stop(5 * time.Second)
 		}
 	}
-	for _, n := range []string{"kubelet", "kube-scheduler", "kube-controller-manager"} {
+	for _, n := range c.Nodes {
+		if p := byName["kubelet"+n.suffix]; p != nil {
+			p.Stop(10 * time.Second)
+		}
+	}
+	for _, n := range []string{"kube-scheduler", "kube-controller-manager"} {
 		if p := byName[n]; p != nil {
 			p.Stop(10 * time.Second)
 		}
 	}
-	if p := byName["containerd"]; p != nil {
-		if err := c.removeSandboxes(); err != nil {
-			errs = append(errs, err)
+	for _, n := range c.Nodes {
+		if p := byName["containerd"+n.suffix]; p != nil {
+			if err := n.removeSandboxes(); err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+			}
+			p.Stop(10 * time.Second)
+			if err := n.killShims(); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		p.Stop(10 * time.Second)
-		if err := c.killShims(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if c.CgroupRoot != "" {
-		if err := removeCgroups(c.CgroupRoot); err != nil {
-			errs = append(errs, err)
+		if n.CgroupRoot != "" {
+			if err := removeCgroups(n.CgroupRoot); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	for _, n := range []string{"kube-apiserver", "etcd"} {
 		if p := byName[n]; p != nil {
 			p.Stop(10 * time.Second)
+		}
+	}
+	for _, n := range c.Nodes {
+		if n.spawn != nil && n != c.node0 {
+			n.spawn.stop()
 		}
 	}
 	if c.spawn != nil {
@@ -346,7 +418,7 @@ func (c *Cluster) teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	if c.CgroupRoot != "" { // a kubelet ran (under the host lock: ours)
+	if len(c.Nodes) > 0 && c.node0.CgroupRoot != "" { // a kubelet ran (under the host lock: ours)
 		if err := os.Remove(devicePluginSocket); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -358,6 +430,16 @@ func (c *Cluster) teardown() error {
 	if c.Dir != "" {
 		if err := os.RemoveAll(c.Dir); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// The other nodes' namespaces (their veths go with them), then the
+	// cluster's.
+	for _, n := range c.Nodes {
+		if n.netns != nil && n != c.node0 {
+			_ = n.netns.Close()
+			if err := testutil.RemoveNetNS(n.NetNS); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if c.netns != nil {
@@ -372,16 +454,34 @@ func (c *Cluster) teardown() error {
 	return errors.Join(errs...)
 }
 
-// daemonNames are the processes the harness itself starts.
-var daemonNames = map[string]bool{"etcd": true, "kube-apiserver": true, "kube-controller-manager": true,
-	"kube-scheduler": true, "containerd": true, "kubelet": true}
-
 // StartProcess starts cmd inside the cluster's network namespace (sharing
 // the host's mount namespace), with SIGKILL as its parent-death signal. Its
 // output goes to <Dir>/logs/<name>.log unless cmd sets Stdout/Stderr. Close
 // stops it (SIGTERM, then SIGKILL) before the cluster's own daemons.
 func (c *Cluster) StartProcess(name string, cmd *exec.Cmd) (*Process, error) {
-	p := &Process{Name: name, Cmd: cmd, done: make(chan struct{})}
+	return c.startIn(c.spawn, name, cmd, false)
+}
+
+// StartProcess starts cmd inside the node's network namespace, as
+// Cluster.StartProcess does in the cluster's.
+func (n *Node) StartProcess(name string, cmd *exec.Cmd) (*Process, error) {
+	return n.c.startIn(n.spawn, name, cmd, false)
+}
+
+// startDaemon starts one of the control plane's daemons.
+func (c *Cluster) startDaemon(name string, cmd *exec.Cmd) (*Process, error) {
+	return c.startIn(c.spawn, name, cmd, true)
+}
+
+// startDaemon starts one of the node's own daemons (containerd, kubelet).
+func (n *Node) startDaemon(name string, cmd *exec.Cmd) (*Process, error) {
+	return n.c.startIn(n.spawn, name, cmd, true)
+}
+
+// startIn starts cmd through spawner sp; daemon marks the harness's own
+// processes, which Close stops last, in their order.
+func (c *Cluster) startIn(sp *spawner, name string, cmd *exec.Cmd, daemon bool) (*Process, error) {
+	p := &Process{Name: name, Cmd: cmd, done: make(chan struct{}), daemon: daemon}
 	var logf *os.File
 	if cmd.Stdout == nil && cmd.Stderr == nil {
 		if err := os.MkdirAll(filepath.Join(c.Dir, "logs"), 0o755); err != nil {
@@ -395,7 +495,7 @@ func (c *Cluster) StartProcess(name string, cmd *exec.Cmd) (*Process, error) {
 		logf = f
 		cmd.Stdout, cmd.Stderr = f, f
 	}
-	if err := c.spawn.start(cmd); err != nil {
+	if err := sp.start(cmd); err != nil {
 		if logf != nil {
 			_ = logf.Close()
 		}
@@ -425,8 +525,19 @@ func (c *Cluster) Processes() []*Process {
 // network namespace (through nsenter), with KUBECONFIG set to the admin
 // kubeconfig.
 func (c *Cluster) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS, "--", name}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
+	return c.node0.Command(ctx, name, args...)
+}
+
+// Command returns a one-shot command that runs name inside the node's
+// network namespace, with KUBECONFIG set to an admin kubeconfig that
+// reaches the API server from there.
+func (n *Node) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + n.NetNS, "--", name}, args...)...)
+	kubeconfig := n.c.Kubeconfig
+	if n != n.c.node0 {
+		kubeconfig = filepath.Join(n.Dir, "kubelet", "kubeconfig")
+	}
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }
@@ -443,15 +554,23 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 
 // Do runs f on a thread inside the cluster's network namespace (for
 // dialing pods or reading links there).
-func (c *Cluster) Do(f func() error) error {
-	return c.netns.Do(func(ns.NetNS) error { return f() })
-}
+func (c *Cluster) Do(f func() error) error { return c.node0.Do(f) }
 
 // DialContext dials from inside the cluster's network namespace. The
 // connection's socket belongs to the namespace for its whole life.
 func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return c.node0.DialContext(ctx, network, addr)
+}
+
+// Do runs f on a thread inside the node's network namespace.
+func (n *Node) Do(f func() error) error {
+	return n.netns.Do(func(ns.NetNS) error { return f() })
+}
+
+// DialContext dials from inside the node's network namespace.
+func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	var conn net.Conn
-	err := c.Do(func() error {
+	err := n.Do(func() error {
 		var d net.Dialer
 		var err error
 		conn, err = d.DialContext(ctx, network, addr)

@@ -36,23 +36,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, opts Options) error {
 	}
 	server := "https://127.0.0.1:" + strconv.Itoa(apiPort)
 	c.Kubeconfig = filepath.Join(c.Dir, "admin.kubeconfig")
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kurma-test
-  cluster:
-    server: %s
-    insecure-skip-tls-verify: true
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: kurma-test
-  context: {cluster: kurma-test, user: admin}
-current-context: kurma-test
-`, server, c.Token)
-	if err := os.WriteFile(c.Kubeconfig, []byte(kc), 0o600); err != nil {
+	if err := c.writeKubeconfig(c.Kubeconfig, server); err != nil {
 		return err
 	}
 	c.Config = &rest.Config{
@@ -72,7 +56,7 @@ current-context: kurma-test
 	bin := func(n string) string { return filepath.Join(opts.BinDir, n) }
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeerPort)
-	if _, err := c.StartProcess("etcd", exec.Command(bin("tools/etcd"),
+	if _, err := c.startDaemon("etcd", exec.Command(bin("tools/etcd"),
 		"--name=default", "--data-dir="+filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
@@ -93,6 +77,12 @@ current-context: kurma-test
 		"--allow-privileged=true",
 		"--profiling=false",
 	}
+	if opts.Nodes > 1 && !opts.PublicAPIServer {
+		// The other nodes reach it at NodeIP, over the underlay; its
+		// self-signed certificate must name that address too (pods
+		// that verify it: a CNI agent told the API server's address).
+		args[1], args[2] = "--bind-address=0.0.0.0", "--advertise-address="+NodeIP
+	}
 	if opts.PublicAPIServer {
 		args[1], args[2] = "--bind-address=0.0.0.0", "--advertise-address="+NodeIP
 		args = append(args, "--endpoint-reconciler-type=lease",
@@ -106,7 +96,7 @@ current-context: kurma-test
 		// Pods get no token: no controller needs to make accounts.
 		args = append(args, "--disable-admission-plugins=ServiceAccount")
 	}
-	apiserver, err := c.StartProcess("kube-apiserver", exec.Command(bin("k8s/kube-apiserver"), append(args, opts.APIServerArgs...)...))
+	apiserver, err := c.startDaemon("kube-apiserver", exec.Command(bin("k8s/kube-apiserver"), append(args, opts.APIServerArgs...)...))
 	if err != nil {
 		return err
 	}
@@ -116,7 +106,7 @@ current-context: kurma-test
 	if opts.ControllerManager {
 		// --root-ca-file: the API server's self-signed certificate,
 		// published as kube-root-ca.crt for pods with service accounts.
-		if _, err := c.StartProcess("kube-controller-manager", exec.Command(bin("k8s/kube-controller-manager"),
+		if _, err := c.startDaemon("kube-controller-manager", exec.Command(bin("k8s/kube-controller-manager"),
 			"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig,
 			"--authorization-kubeconfig="+c.Kubeconfig, "--leader-elect=false",
 			"--bind-address=127.0.0.1", "--secure-port=10257",
@@ -130,7 +120,7 @@ current-context: kurma-test
 		}
 	}
 	if opts.Scheduler {
-		if _, err := c.StartProcess("kube-scheduler", exec.Command(bin("k8s/kube-scheduler"),
+		if _, err := c.startDaemon("kube-scheduler", exec.Command(bin("k8s/kube-scheduler"),
 			"--kubeconfig="+c.Kubeconfig, "--authentication-kubeconfig="+c.Kubeconfig,
 			"--authorization-kubeconfig="+c.Kubeconfig, "--leader-elect=false",
 			"--bind-address=127.0.0.1", "--secure-port=10259",
@@ -139,6 +129,28 @@ current-context: kurma-test
 		}
 	}
 	return nil
+}
+
+// writeKubeconfig writes an admin kubeconfig (the static token) for the
+// API server at server.
+func (c *Cluster) writeKubeconfig(path, server string) error {
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: kurma-test
+  cluster:
+    server: %s
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: kurma-test
+  context: {cluster: kurma-test, user: admin}
+current-context: kurma-test
+`, server, c.Token)
+	return os.WriteFile(path, []byte(kc), 0o600)
 }
 
 // waitAPIServer polls /readyz until it answers 200.

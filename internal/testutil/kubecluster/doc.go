@@ -1,10 +1,19 @@
-// Package kubecluster runs a real, single-node Kubernetes cluster for tests
-// and benchmarks: etcd, kube-apiserver, optionally kube-controller-manager
-// and kube-scheduler, and a node made of Debian's containerd (CRI) and a real
-// kubelet, all built by `make build` (bin/tools/etcd, bin/k8s/*) and all
-// inside a network namespace of the cluster's own. The CNI configuration of
-// the node is the caller's: a conflist and a plugin folder, so that the same
-// harness runs the upstream bridge plugin (the peer) and Kurma's driver.
+// Package kubecluster runs a real Kubernetes cluster for tests and
+// benchmarks: etcd, kube-apiserver, optionally kube-controller-manager and
+// kube-scheduler, and one node (or Options.Nodes of them) made of Debian's
+// containerd (CRI) and a real kubelet, all built by `make build`
+// (bin/tools/etcd, bin/k8s/*) and all inside a network namespace of the
+// cluster's own. A second node gets a namespace, folders, cgroup root and
+// sockets of its own, on an underlay shared with the first (a bridge in
+// the cluster's namespace, a veth into each other node's). The CNI
+// configuration of the nodes is the caller's: a conflist and a plugin
+// folder, so that the same harness runs the upstream bridge plugin (the
+// peer) and Kurma's driver.
+//
+// Close removes the sandboxes of every node through the CRI; when a test
+// has removed a node's CNI configuration (an uninstall), it first writes a
+// loopback-only conflist there, without which containerd 1.6 cannot stop a
+// sandbox ("cni plugin not initialized").
 //
 // Every process is started on one OS thread that has entered the cluster's
 // network namespace (they share the host's mount namespace, as kubelet,

@@ -321,9 +321,9 @@ func removeEmptyDirs(dirs []string) {
 	}
 }
 
-// killShims SIGKILLs runc shims that our containerd started and that
-// outlived it.
-func (c *Cluster) killShims() error {
+// killShims SIGKILLs runc shims that the node's containerd started and
+// that outlived it.
+func (n *Node) killShims() error {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return err
@@ -342,7 +342,7 @@ func (c *Cluster) killShims() error {
 			continue
 		}
 		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "-address" && args[i+1] == c.ContainerdSocket {
+			if args[i] == "-address" && args[i+1] == n.ContainerdSocket {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
@@ -353,10 +353,10 @@ func (c *Cluster) killShims() error {
 // removeSandboxes stops and removes every pod sandbox through the CRI, so
 // that containerd runs the CNI DEL and removes each pod's netns, mounts and
 // containers.
-func (c *Cluster) removeSandboxes() error {
+func (n *Node) removeSandboxes() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := grpc.NewClient("unix://"+c.ContainerdSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+n.ContainerdSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
@@ -365,6 +365,11 @@ func (c *Cluster) removeSandboxes() error {
 	list, err := rs.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
 	if err != nil {
 		return fmt.Errorf("CRI list sandboxes: %w", err)
+	}
+	if len(list.Items) > 0 && n.CNIConfDir != "" {
+		if err := teardownCNI(ctx, rs, n.CNIConfDir); err != nil {
+			return err
+		}
 	}
 	var errs []error
 	for _, sb := range list.Items {
@@ -385,4 +390,47 @@ func (c *Cluster) removeSandboxes() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// teardownConfList is the CNI network a node gets for its teardown when its
+// conf dir has none left (a test uninstalled its CNI): the loopback plugin
+// only, whose DEL always succeeds. Without any network, containerd 1.6
+// refuses to stop a sandbox whose namespace is still open ("cni plugin not
+// initialized"), and its namespace, mounts and shim would stay.
+const teardownConfList = `{"cniVersion":"0.4.0","name":"kubecluster-teardown","plugins":[{"type":"loopback"}]}`
+
+// teardownCNI writes teardownConfList into confDir when it holds no CNI
+// configuration, and waits until the runtime reports its network ready.
+func teardownCNI(ctx context.Context, rs cri.RuntimeServiceClient, confDir string) error {
+	for _, pat := range []string{"*.conf", "*.conflist", "*.json"} {
+		if m, _ := filepath.Glob(filepath.Join(confDir, pat)); len(m) > 0 {
+			return nil
+		}
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "99-kubecluster-teardown.conflist"), []byte(teardownConfList), 0o644); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	last := "no status"
+	for {
+		st, err := rs.Status(ctx, &cri.StatusRequest{})
+		if err == nil && st.Status != nil {
+			for _, cond := range st.Status.Conditions {
+				if cond.Type == cri.NetworkReady {
+					if cond.Status {
+						return nil
+					}
+					last = cond.Reason + ": " + cond.Message
+				}
+			}
+		} else if err != nil {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("teardown CNI network in %s not loaded (%s): %w", confDir, last, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

@@ -69,6 +69,17 @@ func (s *spawner) start(cmd *exec.Cmd) error {
 	return <-errc
 }
 
+// do runs f on the namespace thread.
+func (s *spawner) do(f func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case s.reqs <- func() { errc <- f() }:
+	case <-s.done:
+		return errors.New("spawner stopped")
+	}
+	return <-errc
+}
+
 // stop ends the namespace thread; processes still running get SIGKILL.
 func (s *spawner) stop() {
 	select {
@@ -91,6 +102,7 @@ type Process struct {
 	done    chan struct{}
 	waitErr error
 	once    sync.Once
+	daemon  bool // one of the harness's own (Close stops it last)
 }
 
 // PID is the process's id.

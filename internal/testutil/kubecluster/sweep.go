@@ -28,12 +28,32 @@ type record struct {
 	Sysctls          map[string]string `json:"sysctls,omitempty"`
 	// NewDirs are the hostDirs that did not exist when the node started.
 	NewDirs []string `json:"newDirs,omitempty"`
+	// Nodes are the nodes after the first (whose fields are above).
+	Nodes []nodeRecord `json:"nodes,omitempty"`
+}
+
+// nodeRecord is what a node after the first leaves on the host.
+type nodeRecord struct {
+	NetNS            string `json:"netns,omitempty"`
+	CgroupRoot       string `json:"cgroupRoot,omitempty"`
+	ContainerdSocket string `json:"containerdSocket,omitempty"`
+	Dir              string `json:"dir,omitempty"`
+	// Binds are the node's private folders (Node.binds).
+	Binds map[string]string `json:"binds,omitempty"`
 }
 
 // saveRecord writes the cluster's record.
 func (c *Cluster) saveRecord() error {
-	b, err := json.Marshal(record{NetNS: c.NetNS, CgroupRoot: c.CgroupRoot,
-		ContainerdSocket: c.ContainerdSocket, Sysctls: c.sysctls, NewDirs: c.newDirs})
+	r := record{NetNS: c.NetNS, Sysctls: c.sysctls, NewDirs: c.newDirs}
+	for i, n := range c.Nodes {
+		if i == 0 {
+			r.CgroupRoot, r.ContainerdSocket = n.CgroupRoot, n.ContainerdSocket
+			continue
+		}
+		r.Nodes = append(r.Nodes, nodeRecord{NetNS: n.NetNS, CgroupRoot: n.CgroupRoot,
+			ContainerdSocket: n.ContainerdSocket, Dir: n.Dir, Binds: n.binds})
+	}
+	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
@@ -62,14 +82,27 @@ func sweep() error {
 			errs = append(errs, err)
 			continue
 		}
-		c := &Cluster{Dir: d, NetNS: r.NetNS, ContainerdSocket: r.ContainerdSocket}
-		if r.ContainerdSocket != "" {
-			errs = append(errs, c.sweepSandboxes(), c.killShims())
+		c := &Cluster{Dir: d, NetNS: r.NetNS}
+		nodes := append([]nodeRecord{{NetNS: r.NetNS, CgroupRoot: r.CgroupRoot, ContainerdSocket: r.ContainerdSocket,
+			Dir: d}}, r.Nodes...)
+		for _, nr := range nodes {
+			n := &Node{c: c, NetNS: nr.NetNS, ContainerdSocket: nr.ContainerdSocket, Dir: nr.Dir, binds: nr.Binds}
+			if fi, err := os.Stat(filepath.Join(nr.Dir, "cni", "net.d")); err == nil && fi.IsDir() {
+				n.CNIConfDir = filepath.Join(nr.Dir, "cni", "net.d")
+			}
+			if nr.ContainerdSocket != "" {
+				errs = append(errs, n.sweepSandboxes(), n.killShims())
+			}
+			if strings.HasPrefix(nr.CgroupRoot, "/"+dirPrefix) {
+				errs = append(errs, removeCgroups(nr.CgroupRoot))
+				if err := os.Remove(devicePluginSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
+			}
 		}
-		if strings.HasPrefix(r.CgroupRoot, "/"+dirPrefix) {
-			errs = append(errs, removeCgroups(r.CgroupRoot))
-			if err := os.Remove(devicePluginSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
+		for _, nr := range r.Nodes {
+			if nr.NetNS != "" {
+				errs = append(errs, testutil.RemoveNetNS(nr.NetNS))
 			}
 		}
 		errs = append(errs, unmountUnder(d), removeContainerLogLinks(d), restoreSysctls(r.Sysctls))
@@ -82,23 +115,28 @@ func sweep() error {
 	return errors.Join(errs...)
 }
 
-// sweepSandboxes restarts a dead cluster's containerd with its own config,
-// in its own namespace, and removes its pod sandboxes through the CRI, so
-// that their CNI DEL runs and their namespaces and mounts go.
-func (c *Cluster) sweepSandboxes() error {
-	cfg := filepath.Join(filepath.Dir(c.ContainerdSocket), "config.toml")
+// sweepSandboxes restarts a dead cluster node's containerd with its own
+// config, in its own namespace, and removes its pod sandboxes through the
+// CRI, so that their CNI DEL runs and their namespaces and mounts go.
+func (n *Node) sweepSandboxes() error {
+	cfg := filepath.Join(filepath.Dir(n.ContainerdSocket), "config.toml")
 	if _, err := os.Stat(cfg); err != nil {
 		return nil // containerd never started
 	}
-	if _, err := os.Stat(c.NetNS); err != nil {
+	if _, err := os.Stat(n.NetNS); err != nil {
 		return nil
 	}
 	var err error
-	if c.spawn, err = newSpawner(c.NetNS); err != nil {
+	if n.spawn, err = newSpawner(n.NetNS); err != nil {
 		return err
 	}
-	defer c.spawn.stop()
-	p, err := c.StartProcess("containerd-sweep", exec.Command("containerd", "--config", cfg))
+	defer n.spawn.stop()
+	if len(n.binds) > 0 { // a node after the first: its own folders again
+		if err := n.spawn.do(n.privateMounts); err != nil {
+			return fmt.Errorf("sweep: %w", err)
+		}
+	}
+	p, err := n.StartProcess("containerd-sweep", exec.Command("containerd", "--config", cfg))
 	if err != nil {
 		return err
 	}
@@ -106,7 +144,7 @@ func (c *Cluster) sweepSandboxes() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		if _, err := c.ctr(ctx, "version"); err == nil {
+		if _, err := n.ctr(ctx, "version"); err == nil {
 			break
 		}
 		select {
@@ -117,5 +155,5 @@ func (c *Cluster) sweepSandboxes() error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return c.removeSandboxes()
+	return n.removeSandboxes()
 }
