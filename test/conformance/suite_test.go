@@ -44,6 +44,9 @@ type Set struct {
 	Focus, Skip string
 	// Procs is the number of parallel ginkgo processes.
 	Procs int
+	// Wait bounds the wait for the host's cluster lock and the start
+	// (default 20 minutes; TestUpstream, a long run of its own, 2 hours).
+	Wait time.Duration
 	// Peers run when KURMA_CONFORMANCE_PEERS is empty (default: Kurma,
 	// then kube-proxy).
 	Peers []string
@@ -119,7 +122,7 @@ func requireBuild(t *testing.T) {
 // startKurma starts a cluster whose CNI is the kurma-k8s driver with
 // portmap chained, the controller, the watcher and the node's agent (the
 // Service proxy: no kube-proxy), and CoreDNS.
-func startKurma(t *testing.T, ctx context.Context) *kubecluster.Cluster {
+func startKurma(t *testing.T, ctx context.Context, wait time.Duration) *kubecluster.Cluster {
 	sockDir, err := os.MkdirTemp("", "kurma-cf-")
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +138,10 @@ func startKurma(t *testing.T, ctx context.Context) *kubecluster.Cluster {
 	}
 	opts := clusterOptions()
 	opts.CNIConfList, opts.CNIBinDir = cniwire.ConfList(sock, true), cniBin
-	e := kubetest.StartWithin(t, 2*time.Hour, opts) // queued behind other clusters
+	if wait <= 0 {
+		wait = 20 * time.Minute
+	}
+	e := kubetest.StartWithin(t, wait, opts)
 	e.StartWatcher("--service-cidr", kubecluster.ServiceCIDR)
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
 		"--node-ip", kubecluster.NodeIP)
@@ -222,7 +228,7 @@ func runSuite(t *testing.T, peer string, set Set, label string) Run {
 	var c *kubecluster.Cluster
 	switch peer {
 	case Kurma:
-		c = startKurma(t, ctx)
+		c = startKurma(t, ctx, set.Wait)
 	case KubeProxy:
 		c = startKubeProxy(t, ctx)
 	case KNP:
@@ -430,6 +436,7 @@ func TestUpstream(t *testing.T) {
 		set.Focus, set.Name = f, set.Name+"-focus"
 	}
 	requireBuild(t)
+	set.Wait = 2 * time.Hour // queued behind other clusters
 	peers := strings.Split(os.Getenv("KURMA_CONFORMANCE_PEERS"), ",")
 	if peers[0] == "" {
 		peers = set.Peers

@@ -79,6 +79,7 @@ func main() {
 	sizes := flag.String("sizes", "100,1000,10000", "policy counts")
 	adds := flag.Int("adds", 20, "samples of (b) and (c)")
 	local := flag.Int("local", 100, "pods on the bench node")
+	inproc := flag.Bool("inprocess", false, "time engine and path alone, no API server (inproc.go)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -95,7 +96,11 @@ func main() {
 			}
 			ns = append(ns, n)
 		}
-		err = run(ctx, ns, *adds, *local)
+		if *inproc {
+			err = inProcess(ctx, ns, *adds, *local)
+		} else {
+			err = run(ctx, ns, *adds, *local)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "netpol bench:", err)

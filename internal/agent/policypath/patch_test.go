@@ -1,11 +1,16 @@
 package policypath
 
 import (
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/testutil"
 )
 
 // TestPatchEqualsFull moves pods through random changes of their allows
@@ -74,5 +79,69 @@ func TestPatchEqualsFull(t *testing.T) {
 		if !maps.Equal(p.refs, want) {
 			t.Fatalf("step %d: references %v, want %v", step, p.refs, want)
 		}
+	}
+}
+
+// TestReadSetEqualsLibrary: the read-back with large buffers (readSet)
+// returns exactly what google/nftables' GetSetElements returns, for
+// hashed and interval sets of thousands of elements (many dump messages).
+func TestReadSetEqualsLibrary(t *testing.T) {
+	testutil.RequireRoot(t)
+	host := nettest.NewNS(t, testutil.UniqueName("pprd"))
+	p, err := New(t.Context(), Config{HostNS: host, Table: "pprd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	pods := map[string]*Pod{}
+	for i := range 20 {
+		pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}, Egress: Dir{Isolated: true}}
+		for k := range 500 {
+			peer := netip.AddrFrom4([4]byte{10, 2, byte(k / 200), byte(k)})
+			pod.Ingress.Allow = append(pod.Ingress.Allow, exact(peer.String(), 6, uint16(1000+k%20)),
+				Allow{PeerLo: peer, PeerHi: peer})
+		}
+		for k := range 30 {
+			lo := netip.AddrFrom4([4]byte{172, 16, byte(k), 0})
+			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 127})
+			pod.Egress.Allow = append(pod.Egress.Allow, Allow{PeerLo: lo, PeerHi: hi, Proto: 17, PortLo: 53, PortHi: 60},
+				Allow{PeerLo: lo, PeerHi: hi})
+		}
+		pods[fmt.Sprint(i)] = pod
+	}
+	if err := p.Sync(t.Context(), pods); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for i, s := range p.sets {
+		got, err := p.readSet(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lib, err := p.conn.GetSetElements(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []elem
+		for _, el := range lib {
+			if el.IntervalEnd {
+				continue
+			}
+			e := elem{set: uint8(i), key: string(el.Key)}
+			if setDefs[i].interval {
+				e.key += string(el.KeyEnd)
+			}
+			want = append(want, e)
+		}
+		cmpElem := func(a, b elem) int { return strings.Compare(a.key, b.key) }
+		slices.SortFunc(got, cmpElem)
+		slices.SortFunc(want, cmpElem)
+		if !slices.Equal(got, want) {
+			t.Errorf("set %s: readSet %d elements, library %d, differ", s.Name, len(got), len(want))
+		}
+		total += len(got)
+	}
+	if total < 20000 {
+		t.Errorf("only %d elements read; the test wants many dump messages", total)
 	}
 }

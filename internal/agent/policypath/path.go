@@ -331,19 +331,12 @@ func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 			p.setOwner(k, pod)
 		}
 	}
-	for i, s := range p.sets {
-		els, err := p.conn.GetSetElements(s)
+	for i := range p.sets {
+		els, err := p.readSet(i)
 		if err != nil {
-			return fmt.Errorf("policypath: read set %s: %w", s.Name, err)
+			return err
 		}
-		for _, el := range els {
-			if el.IntervalEnd {
-				continue
-			}
-			e := elem{set: uint8(i), key: string(el.Key)}
-			if setDefs[i].interval {
-				e.key += string(el.KeyEnd)
-			}
+		for _, e := range els {
 			p.in[e] = true
 			p.pending[e] = true
 		}

@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeDP records what the controller programs.
@@ -62,7 +64,8 @@ func TestController(t *testing.T) {
 		kpod("a", "client", "n2", "10.0.1.1", map[string]string{"app": "client"}),
 	)
 	dp := &fakeDP{state: map[string]*Rules{}}
-	c, err := New(Config{Kube: kc, NodeName: node, Datapath: dp})
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{Kube: kc, NodeName: node, Datapath: dp, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,12 +104,39 @@ func TestController(t *testing.T) {
 		r := dp.get("a/web")
 		return r != nil && r.Ingress.Isolated && allows(r.Ingress) == ""
 	})
+	// The policy and the relabel were applied as deltas; their lag from
+	// the watch event is still observed.
+	if n := histCount(t, reg, "kurma_netpol_programming_seconds", "partial"); n < 2 {
+		t.Errorf("programming lag observed %d times for partial syncs, want at least 2 (policy, relabel)", n)
+	}
 	// An unknown pod's wait ends with its context.
 	sctx, scancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer scancel()
 	if err := c.WaitPod(sctx, "a", "ghost", netip.MustParseAddr("10.0.0.9")); err == nil {
 		t.Fatal("WaitPod of an unknown pod succeeded")
 	}
+}
+
+// histCount returns the sample count of histogram name{kind}.
+func histCount(t *testing.T, g prometheus.Gatherer, name, kind string) uint64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 func waitFor(t *testing.T, what string, f func() bool) {

@@ -443,8 +443,9 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 	delete(e.polLocal, k)
 }
 
-// Dirty reports how many local pods wait for Compute.
-func (e *Engine) Dirty() int { return len(e.dirty) }
+// Dirty reports how many local pods wait for Compute (to be recomputed,
+// or patched after a delta).
+func (e *Engine) Dirty() int { return len(e.dirty) + len(e.deltas) }
 
 // Rules returns the last computed rules of a local pod (nil: none).
 func (e *Engine) Rules(key string) *Rules { return e.rules[key] }
