@@ -17,6 +17,10 @@ import (
 // kurma-base setup.
 var baseBin = flag.String("base-bin", "", "bin folder of another build (e.g. main's) whose Kurma binaries the kurma-base setup runs")
 
+// kurmaBin is the -kurma-bin flag: where the kurma setup's binaries
+// come from instead of the cluster's bin folder.
+var kurmaBin = flag.String("kurma-bin", "", "bin folder whose Kurma binaries the kurma setup runs (default: the cluster's)")
+
 // agentNice is the agent's --nice in the kurma setup: the agent plugs
 // pods while 100 sandboxes start on 2 cores, so it runs ahead of them,
 // as a node's networking daemon may (docs/kubernetes.md).
@@ -27,6 +31,9 @@ const agentNice = -10
 // kurma-agent in Kubernetes mode running beside the node in the cluster's
 // namespace (bench/internal/kurmanode).
 func kurmaSetup(ctx context.Context, binDir, tmp string) (setup, error) {
+	if *kurmaBin != "" {
+		return kurmaFrom(ctx, *kurmaBin, tmp, *kurmaBin)
+	}
 	return kurmaFrom(ctx, binDir, tmp, "")
 }
 
