@@ -34,13 +34,6 @@ type guardSetter interface {
 	SetGuards(ctx context.Context, guards []datapath.Guard) error
 }
 
-// plugChecker is implemented by datapaths that tell with one lookup
-// whether a port is still plugged as it was last plugged
-// (datapath.Datapath.Plugged).
-type plugChecker interface {
-	Plugged(p datapath.PortSpec) bool
-}
-
 // goneWatcher is implemented by datapaths that report vanished ports.
 type goneWatcher interface {
 	WatchGone(ctx context.Context, gone func(portID string)) error
@@ -59,12 +52,6 @@ type Config struct {
 	// Resync is the period of the full level check (orphans, vanished
 	// namespaces); default 30s.
 	Resync time.Duration
-	// Replug is how long a plugged port goes between full plugs (its
-	// container end's addresses and routes re-applied) when nothing about
-	// it changes; the resyncs in between check its host end only, with
-	// one lookup, when the datapath can (plugChecker). Default 10 ×
-	// Resync.
-	Replug time.Duration
 	// BackoffBase and BackoffMax bound the retry delay of a failing key
 	// and of a broken watch; defaults 50ms and 10s.
 	BackoffBase, BackoffMax time.Duration
@@ -99,12 +86,11 @@ type Agent struct {
 	q   *queue
 	m   *metrics // nil without Config.Metrics
 
-	mu         sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters, awaiting, unreported, plugged
+	mu         sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters, awaiting, unreported
 	attach     map[string]Attachment            // local attachments by port id (LocalAttach)
 	waiters    map[string][]chan plugResult     // callers of Attach/Detach by port id
 	awaiting   map[string]time.Time             // Attach calls waiting for their port to arrive, since when
 	unreported map[string]string                // ports an urgent sync plugged, by namespace: their status report follows
-	plugged    map[string]time.Time             // when each local port was last plugged in full (Replug)
 	ports      map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
 	hosts      map[string]net.IP                // underlay address by host id
 	subnets    map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
@@ -136,9 +122,6 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second
 	}
-	if cfg.Replug <= 0 {
-		cfg.Replug = 10 * cfg.Resync
-	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = 50 * time.Millisecond
 	}
@@ -157,7 +140,7 @@ func New(cfg Config) (*Agent, error) {
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
 		lb: newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
-		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{}, plugged: map[string]time.Time{},
+		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{},
 	}, nil
 }
 

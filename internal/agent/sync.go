@@ -43,7 +43,6 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 	delete(a.unreported, id)
 	a.mu.Unlock()
 	if !ok || !a.isLocal(&p) || a.unattached(&p) {
-		a.forgetPlugged(id)
 		err := a.dp.Unplug(ctx, id)
 		if errors.Is(err, kerrors.Conflict) || errors.Is(err, kerrors.Invalid) {
 			a.log.Warn("not unplugging a link we do not own", "port", id, "err", err)
@@ -80,7 +79,6 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 		return err
 	}
 	if gone, reason := netnsGone(spec.NetNS); gone {
-		a.forgetPlugged(id)
 		res = &plugResult{err: kerrors.New(kerrors.NotFound, "%s", reason)}
 		if err := a.dp.Unplug(ctx, id); err != nil && !errors.Is(err, kerrors.Conflict) {
 			return err
@@ -94,32 +92,21 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 	// Ensuring the VPC takes its lock exclusively; plugging shares it, so
 	// ports of one VPC plug in parallel but never while the VPC is being
 	// changed or removed.
-	// A plain sync (a resync, mostly) of a port plugged as it is now, not
-	// long ago, only checks its host end: under a burst of new pods, a
-	// full re-plug of every pod each resync is a dozen requests each for
-	// the RTNL lock that the new sandboxes and their plugs wait on.
-	checked := !urgent && a.vpcHas(spec) && a.pluggedRecently(id, spec)
 	l := a.vpcLock(spec.VNI)
 	err = nil
-	if !checked && !a.vpcHas(spec) {
+	if !a.vpcHas(spec) {
 		l.Lock()
 		err = a.ensureVPC(ctx, spec.VNI, spec)
 		l.Unlock()
 	}
-	if err == nil && !checked {
+	if err == nil {
 		l.RLock()
 		start := time.Now()
 		err = a.dp.Plug(ctx, spec)
 		a.m.observePlug(start, err)
 		l.RUnlock()
-		if err == nil {
-			a.mu.Lock()
-			a.plugged[id] = time.Now()
-			a.mu.Unlock()
-		}
 	}
 	if err != nil {
-		a.forgetPlugged(id)
 		a.forgetVPC(spec.VNI) // ensure it in full next time
 		res = &plugResult{err: err}
 		if gone, reason := netnsGone(spec.NetNS); gone {
@@ -152,25 +139,6 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 		return nil
 	}
 	return a.reportPlugged(ctx, &p, spec)
-}
-
-// pluggedRecently reports whether port id was plugged in full less than
-// Replug ago and the datapath finds it still plugged as spec.
-func (a *Agent) pluggedRecently(id string, spec datapath.PortSpec) bool {
-	pc, ok := a.dp.(plugChecker)
-	if !ok {
-		return false
-	}
-	a.mu.Lock()
-	at, ok := a.plugged[id]
-	a.mu.Unlock()
-	return ok && time.Since(at) < a.cfg.Replug && pc.Plugged(spec)
-}
-
-func (a *Agent) forgetPlugged(id string) {
-	a.mu.Lock()
-	delete(a.plugged, id)
-	a.mu.Unlock()
 }
 
 // reportPlugged tells the controller a plugged port's status.

@@ -141,10 +141,6 @@ type Datapath struct {
 	// without looking the bridge up; a plug that fails with it looks
 	// again.
 	bridges sync.Map
-	// plugged holds what the last successful Plug of each port made
-	// (string port id → plugRec), so that plugging it again as it is
-	// (the agent's periodic resync) only checks the host end.
-	plugged sync.Map
 }
 
 var _ Interface = (*Datapath)(nil)

@@ -60,12 +60,10 @@
 // bridge in one (the bridge's index kept from EnsureVPC) and the host
 // end's alias, on a socket of the plug's own, then the container end's
 // lookup, alias, address, up and default route in the pod's namespace.
-// Plugged checks a port plugged before with one lookup, so that the
-// agent's resyncs need not plug every pod again.
 //
 // Locking: a Datapath holds no mutable state besides its netlink handle
-// (safe for concurrent use), what it last plugged and the bridges' indexes
-// (sync.Maps), the guard elements it wrote, and a mutex that serialises nft
+// (safe for concurrent use), the bridges' indexes (a sync.Map), the guard
+// elements it wrote, and a mutex that serialises nft
 // transactions and guards that record (nftMu). Callers serialise operations on the same port id and on the
 // same VPC; different ports may be plugged concurrently.
 //

@@ -84,24 +84,13 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	defer hs.Close()
 
 	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
-	fp := plugPrint(p)
-	_, replug := d.plugged.Load(p.ID)
-	d.plugged.Delete(p.ID)
-	defer func() {
-		if retErr == nil {
-			if ix, ok := d.bridges.Load(p.VNI); ok {
-				d.plugged.Store(p.ID, plugRec{print: fp, bridge: ix.(int)})
-			}
-		}
-	}()
 	// The common case, a new port with nothing of it left anywhere, needs
 	// no lookups: the pair is made at once, on the bridge the VPC's
 	// ensure found. Anything in the way (either name taken, the bridge
 	// gone) fails the creation, and the careful path below sorts it out;
 	// so does any other failure, which it reports.
-	// (A port this datapath plugged before goes the careful way at once.)
 	ix, known := d.bridges.Load(p.VNI)
-	if !known && !replug {
+	if !known {
 		br, err := d.ownedLink(d.names.bridge(p.VNI), d.names.vpcAlias(p.VNI))
 		if err != nil {
 			return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
@@ -109,7 +98,7 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		ix = br.Attrs().Index
 		d.bridges.Store(p.VNI, ix)
 	}
-	if !replug && d.createVeth(hs, p, hostName, ix.(int), nsh) == nil {
+	if d.createVeth(hs, p, hostName, ix.(int), nsh) == nil {
 		return d.finishFresh(hs, ph, p, hostName, alias)
 	}
 	d.bridges.Delete(p.VNI) // looked up afresh below
@@ -117,7 +106,6 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
 	}
-	d.bridges.Store(p.VNI, br.Attrs().Index)
 	host, err := d.h.LinkByName(hostName)
 	switch {
 	case err == nil && host.Attrs().Alias != alias && d.interrupted(host):
@@ -173,42 +161,6 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
 	return nil
-}
-
-// plugRec is what Plug remembers of a port it plugged: the spec (plugPrint)
-// and the index of the bridge its host end joined.
-type plugRec struct {
-	print  string
-	bridge int
-}
-
-// plugPrint is a port spec in a comparable form.
-func plugPrint(p PortSpec) string {
-	return fmt.Sprintf("%s|%d|%s|%s|%v|%t", p.NetNS, p.VNI, p.IfName, p.MAC, p.Addrs, p.AdminDown)
-}
-
-// Plugged reports, with one lookup, whether the last successful Plug of
-// p.ID was of the same spec and its host end is still in place: it exists,
-// is ours, is up unless the port is admin down, and is a port of the
-// bridge the VPC has now. The container end's settings are not read: its
-// namespace is the pod's, and the pair goes with it; Plug re-applies them.
-func (d *Datapath) Plugged(p PortSpec) bool {
-	v, ok := d.plugged.Load(p.ID)
-	if !ok || v.(plugRec).print != plugPrint(p) {
-		return false
-	}
-	rec := v.(plugRec)
-	hostName, alias := d.names.hostVeth(p.ID), d.names.portAlias(p.ID)
-	ix, ok := d.bridges.Load(p.VNI)
-	if !ok || ix.(int) != rec.bridge {
-		return false
-	}
-	l, err := d.h.LinkByName(hostName)
-	if err != nil {
-		return false
-	}
-	a := l.Attrs()
-	return a.Alias == alias && a.MasterIndex == rec.bridge && (a.Flags&net.FlagUp != 0) == !p.AdminDown
 }
 
 // createVeth makes a port's pair in one request: the host end named
@@ -475,7 +427,6 @@ func (d *Datapath) Unplug(ctx context.Context, portID string) error {
 	if err := ValidatePortID(portID); err != nil {
 		return err
 	}
-	d.plugged.Delete(portID)
 	name := d.names.hostVeth(portID)
 	l, err := d.h.LinkByName(name)
 	if isNotFound(err) {

@@ -362,7 +362,20 @@ func (n *Node) removeSandboxes() error {
 	}
 	defer conn.Close()
 	rs := cri.NewRuntimeServiceClient(conn)
-	list, err := rs.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	// containerd answers `ctr version` before its CRI plugin is up, which
+	// says "server is not initialized yet" until then.
+	var list *cri.ListPodSandboxResponse
+	for {
+		list, err = rs.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+		if err == nil || !strings.Contains(err.Error(), "not initialized") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("CRI list sandboxes: %w (%w)", err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("CRI list sandboxes: %w", err)
 	}
