@@ -153,6 +153,44 @@ func TestPodsNamespacesNodes(t *testing.T) {
 		return nil
 	})
 
+	// The host id of b1's node changes (its agent restarted with
+	// another): b1's port is rebound in place, keeping the address and MAC
+	// its sandbox was plugged with, and its annotation names the new host.
+	// (The port used to be recreated with a new address.)
+	n2, err := e.C.Client.CoreV1().Nodes().Get(ctx, "n2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2.Annotations[podnet.HostIDAnnotation] = "host-three"
+	if _, err := e.C.Client.CoreV1().Nodes().Update(ctx, n2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.Eventually(10*time.Second, "b1's port and annotation on host-three", func() error {
+		p, err := e.Ctl.GetPort(ctx, project, nb.PortID)
+		if err != nil {
+			return err
+		}
+		if p.BindingHostID != "host-three" {
+			return fmt.Errorf("port bound to %s", p.BindingHostID)
+		}
+		pod, err := e.C.Client.CoreV1().Pods("wt-b").Get(ctx, "b1", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		nets, err := podnet.Decode(pod.Annotations[podnet.Annotation])
+		if err != nil {
+			return err
+		}
+		if n, _ := nets.Default(); n.HostID != "host-three" {
+			return fmt.Errorf("annotation names host %s", n.HostID)
+		}
+		return nil
+	})
+	if p, err := e.Ctl.GetPort(ctx, project, nb.PortID); err != nil || p.MACAddress != nb.MAC ||
+		len(p.FixedIPs) != 1 || p.FixedIPs[0].IPAddress != nb.Prefixes()[0].Addr().String() {
+		t.Fatalf("rebound port %+v (%v): want MAC %s and address %s kept", p, err, nb.MAC, nb.Prefixes()[0].Addr())
+	}
+
 	// A finished pod gives its port back.
 	p, err := e.C.Client.CoreV1().Pods("wt-b").Get(ctx, "b1", metav1.GetOptions{})
 	if err != nil {
