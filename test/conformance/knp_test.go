@@ -2,11 +2,9 @@ package conformance
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,28 +15,6 @@ import (
 // the metrics listener is kept on loopback.
 func knpArgs(node string) []string {
 	return []string{"--hostname-override=" + node, "--v=2", "--nfqueue-id=98", "--metrics-bind-address=127.0.0.1:9080"}
-}
-
-// queueProbe is the rule shape kube-network-policies installs: new
-// connections of selected pods go to an nfqueue.
-const queueProbe = `table inet kurma-cf-queue-probe {
-	chain c {
-		type filter hook forward priority 0; policy accept;
-		ct state new queue flags bypass to 98
-	}
-}
-`
-
-// nftQueue reports why the kernel cannot hold an nftables queue rule
-// (nil: it can). The probe runs in a network namespace of its own that
-// ends with the command.
-func nftQueue(ctx context.Context) error {
-	cmd := exec.CommandContext(ctx, "unshare", "--net", "--", "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(queueProbe)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("nft rule `ct state new queue flags bypass to 98`: %w: %s", err, firstLine(string(out)))
-	}
-	return nil
 }
 
 // startKNP starts the peer of the netpol set: the kube-proxy peer's cluster
@@ -58,7 +34,7 @@ func startKNP(t *testing.T, ctx context.Context) *kubecluster.Cluster {
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("%s missing: make knp", bin)
 	}
-	if err := nftQueue(ctx); err != nil {
+	if err := kubecluster.NFTQueue(ctx); err != nil {
 		t.Skipf("kube-network-policies cannot run on this kernel: it sends each new connection of a selected pod to "+
 			"userspace through the nftables queue expression, and this kernel rejects it (CONFIG_NFT_QUEUE is not set; "+
 			"nfnetlink_queue itself is present, modules cannot be loaded): %v", err)

@@ -234,7 +234,7 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 	}
 	fmt.Println()
 	fmt.Printf("1,000 pods (%d on the node)\n", local)
-	if err := nftQueue(ctx); err != nil {
+	if err := kubecluster.NFTQueue(ctx); err != nil {
 		fmt.Printf("peer kube-network-policies v0.8.0 not run: it needs the nftables queue expression, which this kernel lacks (CONFIG_NFT_QUEUE): %v\n", err)
 	}
 	fmt.Println()
@@ -271,27 +271,6 @@ const (
 	connN   = 2000
 	connDur = 3 * time.Second
 )
-
-// queueProbe is the rule shape kube-network-policies installs (new
-// connections of selected pods to an nfqueue).
-const queueProbe = `table inet kbnp-queue-probe {
-	chain c {
-		type filter hook forward priority 0; policy accept;
-		ct state new queue flags bypass to 98
-	}
-}
-`
-
-// nftQueue reports why the kernel cannot hold an nftables queue rule (nil:
-// it can), probed in a namespace that ends with the command.
-func nftQueue(ctx context.Context) error {
-	cmd := exec.CommandContext(ctx, "unshare", "--net", "--", "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(queueProbe)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%w: %s", err, strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
-	}
-	return nil
-}
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
 

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"time"
@@ -252,29 +253,18 @@ func (s *Server) deletePort(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setPortStatus(w http.ResponseWriter, r *http.Request) error {
-	pid, id := r.PathValue("pid"), r.PathValue("id")
-	if _, err := s.checkProject(r); err != nil {
-		return err
-	}
-	if err := core.ValidID("port", id); err != nil {
-		return err
-	}
-	b, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	u, err := DecodeStatus(b)
-	if err != nil {
-		return err
-	}
-	p, err := s.core.SetPortStatus(r.Context(), pid, id, u)
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, capi.PortBody{Port: p})
+	return updatePort(s, w, r, DecodeStatus, s.core.SetPortStatus)
 }
 
 func (s *Server) setPortBinding(w http.ResponseWriter, r *http.Request) error {
+	return updatePort(s, w, r, DecodeBinding, s.core.SetPortBinding)
+}
+
+// updatePort is the handler of a PUT on one field group of a port (its
+// status, its binding): the project checked, the body decoded, the
+// update applied by core, the port answered.
+func updatePort[U any](s *Server, w http.ResponseWriter, r *http.Request, decode func([]byte) (U, error),
+	apply func(ctx context.Context, pid, id string, u U) (capi.Port, error)) error {
 	pid, id := r.PathValue("pid"), r.PathValue("id")
 	if _, err := s.checkProject(r); err != nil {
 		return err
@@ -286,11 +276,11 @@ func (s *Server) setPortBinding(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	u, err := DecodeBinding(b)
+	u, err := decode(b)
 	if err != nil {
 		return err
 	}
-	p, err := s.core.SetPortBinding(r.Context(), pid, id, u)
+	p, err := apply(r.Context(), pid, id, u)
 	if err != nil {
 		return err
 	}

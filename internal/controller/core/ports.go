@@ -220,39 +220,16 @@ func ValidStatus(u capi.PortStatusUpdate) error {
 
 // SetPortStatus records the agent's report (compare-and-swap, retried).
 func (s *Core) SetPortStatus(ctx context.Context, pid, id string, u capi.PortStatusUpdate) (capi.Port, error) {
-	if err := s.requireProject(ctx, pid); err != nil {
-		return capi.Port{}, err
-	}
-	if err := ValidID("port", id); err != nil {
-		return capi.Port{}, err
-	}
 	if err := ValidStatus(u); err != nil {
 		return capi.Port{}, err
 	}
-	k := portKey(pid, id)
-	for try := 0; try < 16; try++ {
-		p, err := s.readPort(ctx, pid, id)
-		if err != nil {
-			return p, err
-		}
+	return s.updatePort(ctx, pid, id, func(p *capi.Port) []store.Op {
 		if p.Status == u.Status && p.StatusReason == u.StatusReason {
-			return p, nil
+			return nil
 		}
-		old := p.RevisionNumber
 		p.Status, p.StatusReason = u.Status, u.StatusReason
-		p.UpdatedAt = now()
-		p.RevisionNumber = 0
-		rev, err := s.st.Txn(ctx, store.Txn{Conds: []store.Cond{{Kind: store.CondModRev, Key: k, Rev: old}}, Ops: []store.Op{{Kind: store.OpPut, Key: k, Value: mustJSON(p)}}})
-		if txnFailedOn(err, k) {
-			continue
-		}
-		if err != nil {
-			return p, err
-		}
-		p.RevisionNumber = rev
-		return p, nil
-	}
-	return capi.Port{}, kerrors.New(kerrors.Unavailable, "port %s: too many concurrent changes", id)
+		return []store.Op{}
+	})
 }
 
 // ValidBinding checks a binding update: a host id fit for a store key.
@@ -273,13 +250,35 @@ func ValidBinding(u capi.PortBindingUpdate) error {
 // new host's agent reports it; the host index follows, and the old host's
 // port watch sees the port DELETED (Watch).
 func (s *Core) SetPortBinding(ctx context.Context, pid, id string, u capi.PortBindingUpdate) (capi.Port, error) {
+	if err := ValidBinding(u); err != nil {
+		return capi.Port{}, err
+	}
+	return s.updatePort(ctx, pid, id, func(p *capi.Port) []store.Op {
+		if p.BindingHostID == u.BindingHostID {
+			return nil
+		}
+		var ops []store.Op
+		if p.BindingHostID != "" {
+			ops = append(ops, store.Op{Kind: store.OpDelete, Key: hostIdxKey(p.BindingHostID, pid, id)})
+		}
+		if u.BindingHostID != "" {
+			ops = append(ops, store.Op{Kind: store.OpPut, Key: hostIdxKey(u.BindingHostID, pid, id)})
+		}
+		p.BindingHostID = u.BindingHostID
+		p.Status, p.StatusReason = capi.StatusPending, "bound to host "+u.BindingHostID
+		return ops
+	})
+}
+
+// updatePort reads port id of project pid, lets change modify it, and
+// writes it back if its revision has not moved since the read (retried
+// on a conflict). change returns nil when the port already is as asked
+// (nothing is written), or the store operations to commit with it.
+func (s *Core) updatePort(ctx context.Context, pid, id string, change func(*capi.Port) []store.Op) (capi.Port, error) {
 	if err := s.requireProject(ctx, pid); err != nil {
 		return capi.Port{}, err
 	}
 	if err := ValidID("port", id); err != nil {
-		return capi.Port{}, err
-	}
-	if err := ValidBinding(u); err != nil {
 		return capi.Port{}, err
 	}
 	k := portKey(pid, id)
@@ -288,23 +287,15 @@ func (s *Core) SetPortBinding(ctx context.Context, pid, id string, u capi.PortBi
 		if err != nil {
 			return p, err
 		}
-		if p.BindingHostID == u.BindingHostID {
+		old := p.RevisionNumber
+		ops := change(&p)
+		if ops == nil {
 			return p, nil
 		}
-		old, oldHost := p.RevisionNumber, p.BindingHostID
-		p.BindingHostID = u.BindingHostID
-		p.Status, p.StatusReason = capi.StatusPending, "bound to host "+u.BindingHostID
 		p.UpdatedAt = now()
 		p.RevisionNumber = 0
-		txn := store.Txn{Conds: []store.Cond{{Kind: store.CondModRev, Key: k, Rev: old}},
-			Ops: []store.Op{{Kind: store.OpPut, Key: k, Value: mustJSON(p)}}}
-		if oldHost != "" {
-			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpDelete, Key: hostIdxKey(oldHost, pid, id)})
-		}
-		if p.BindingHostID != "" {
-			txn.Ops = append(txn.Ops, store.Op{Kind: store.OpPut, Key: hostIdxKey(p.BindingHostID, pid, id)})
-		}
-		rev, err := s.st.Txn(ctx, txn)
+		rev, err := s.st.Txn(ctx, store.Txn{Conds: []store.Cond{{Kind: store.CondModRev, Key: k, Rev: old}},
+			Ops: append([]store.Op{{Kind: store.OpPut, Key: k, Value: mustJSON(p)}}, ops...)})
 		if txnFailedOn(err, k) {
 			continue
 		}
