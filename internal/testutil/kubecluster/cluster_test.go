@@ -25,6 +25,16 @@ import (
 // pod answers over TCP and UDP from the node's namespace, deleting it frees
 // every address and veth, and closing the cluster leaves nothing on the host.
 func TestDeploymentOverBridge(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (make test runs as root)")
+	}
+	// What the host had is read under the host-wide cluster lock: before
+	// it, another test's cluster may still hold its kubelet's settings.
+	lock, err := kubecluster.LockHost(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lock.Release() })
 	hostHad := existing("/run/containerd", "/var/log/containers", "/var/lib/cni", "/var/lib/kubelet")
 	sysctlsBefore := readSysctls(t)
 	leases := t.TempDir()
@@ -33,6 +43,7 @@ func TestDeploymentOverBridge(t *testing.T) {
 		ControllerManager: true,
 		Scheduler:         true,
 		CNIConfList:       kubecluster.BridgeConfList("kkcbr0", subnet, leases),
+		HeldLock:          lock,
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
