@@ -394,15 +394,41 @@ func (n *Node) removeSandboxes() error {
 				continue
 			}
 		}
-		if _, err := rs.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		if err := retryCRI(ctx, func() error {
+			_, err := rs.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id})
+			return err
+		}); err != nil {
 			errs = append(errs, fmt.Errorf("CRI stop sandbox %s: %w", sb.Id, err))
 			continue
 		}
-		if _, err := rs.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+		if err := retryCRI(ctx, func() error {
+			_, err := rs.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+			return err
+		}); err != nil {
 			errs = append(errs, fmt.Errorf("CRI remove sandbox %s: %w", sb.Id, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// retryCRI runs call, a stop or remove of a sandbox (both idempotent),
+// until it succeeds, for at most 20 s of ctx: containerd 1.6 can fail one
+// while a container's shim exits under it ("failed to kill container …:
+// ttrpc: closed"), and the same call succeeds once the shim is gone.
+func retryCRI(ctx context.Context, call func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		err := call()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // teardownConfList is the CNI network a node gets for its teardown when its
