@@ -15,15 +15,7 @@ import (
 
 // BenchmarkPlug measures Plug of a fresh port (then Unplug, untimed).
 func BenchmarkPlug(b *testing.B) {
-	testutil.RequireRoot(b)
-	hostNS := nettest.NewNS(b, testutil.UniqueName(testPrefix))
-	nettest.IP(b, hostNS, "link", "add", "kagtu0", "type", "veth", "peer", "name", "kagtu1")
-	dp, err := New(b.Context(), Config{HostNS: hostNS, Prefix: testPrefix, UnderlayIP: net.ParseIP("192.0.2.1"),
-		UnderlayDev: "kagtu0", NFTTable: testutil.UniqueName(testPrefix)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dp.Close()
+	dp := benchDatapath(b)
 	if err := dp.EnsureVPC(b.Context(), VPCSpec{VNI: 5, Gateways: []net.IPNet{{IP: net.IPv4(10, 5, 0, 1).To4(), Mask: net.CIDRMask(16, 32)}}}); err != nil {
 		b.Fatal(err)
 	}
@@ -48,15 +40,7 @@ func BenchmarkPlug(b *testing.B) {
 // that adds or removes the guard of a 101st (a port's arrival or
 // departure).
 func BenchmarkSetGuards100(b *testing.B) {
-	testutil.RequireRoot(b)
-	hostNS := nettest.NewNS(b, testutil.UniqueName(testPrefix))
-	nettest.IP(b, hostNS, "link", "add", "kagtu0", "type", "veth", "peer", "name", "kagtu1")
-	dp, err := New(b.Context(), Config{HostNS: hostNS, Prefix: testPrefix, UnderlayIP: net.ParseIP("192.0.2.1"),
-		UnderlayDev: "kagtu0", NFTTable: testutil.UniqueName(testPrefix)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dp.Close()
+	dp := benchDatapath(b)
 	var gs []Guard
 	for i := range 101 {
 		gs = append(gs, Guard{PortID: fmt.Sprintf("pod-%d", i), MAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)},
@@ -80,16 +64,8 @@ func BenchmarkSetGuards100(b *testing.B) {
 // request contend for the kernel's RTNL lock. It reports the burst's wall
 // time and the plugs' p50 and p99.
 func BenchmarkPlugBurst(b *testing.B) {
-	testutil.RequireRoot(b)
 	const pods, workers = 100, 4
-	hostNS := nettest.NewNS(b, testutil.UniqueName(testPrefix))
-	nettest.IP(b, hostNS, "link", "add", "kagtu0", "type", "veth", "peer", "name", "kagtu1")
-	dp, err := New(b.Context(), Config{HostNS: hostNS, Prefix: testPrefix, UnderlayIP: net.ParseIP("192.0.2.1"),
-		UnderlayDev: "kagtu0", NFTTable: testutil.UniqueName(testPrefix)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dp.Close()
+	dp := benchDatapath(b)
 	if err := dp.EnsureVPC(b.Context(), VPCSpec{VNI: 5, Gateways: []net.IPNet{{IP: net.IPv4(10, 5, 0, 1).To4(), Mask: net.CIDRMask(16, 32)}}}); err != nil {
 		b.Fatal(err)
 	}
@@ -156,4 +132,19 @@ func BenchmarkPlugBurst(b *testing.B) {
 	b.ReportMetric(at(0.5), "plug-p50-ms")
 	b.ReportMetric(at(0.9), "plug-p90-ms")
 	b.ReportMetric(at(0.99), "plug-p99-ms")
+}
+
+// benchDatapath is a Datapath on a host namespace of its own with a veth
+// as its underlay, closed when b ends.
+func benchDatapath(b *testing.B) *Datapath {
+	testutil.RequireRoot(b)
+	hostNS := nettest.NewNS(b, testutil.UniqueName(testPrefix))
+	nettest.IP(b, hostNS, "link", "add", "kagtu0", "type", "veth", "peer", "name", "kagtu1")
+	dp, err := New(b.Context(), Config{HostNS: hostNS, Prefix: testPrefix, UnderlayIP: net.ParseIP("192.0.2.1"),
+		UnderlayDev: "kagtu0", NFTTable: testutil.UniqueName(testPrefix)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = dp.Close() })
+	return dp
 }

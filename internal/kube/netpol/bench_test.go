@@ -8,9 +8,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// benchEngine is the shape of bench/k8s/netpol at 10,000 policies: 1,000
-// pods, 100 of them local, computed once.
-func benchEngine() *Engine {
+// benchPods returns an engine holding the pods of bench/k8s/netpol: 1,000
+// pods in namespace bench, 100 of them local, no policy yet.
+func benchPods() *Engine {
 	e := NewEngine(node)
 	e.SetNamespace("bench", nil)
 	for i := range 1000 {
@@ -22,6 +22,13 @@ func benchEngine() *Engine {
 			IP:     netip.AddrFrom4([4]byte{10, 64, byte(i >> 8), byte(i)}),
 			Labels: map[string]string{"app": fmt.Sprintf("app-%d", i%50), "grp": fmt.Sprintf("g-%d", i%10)}})
 	}
+	return e
+}
+
+// benchEngine is the shape of bench/k8s/netpol at 10,000 policies over
+// benchPods, computed once.
+func benchEngine() *Engine {
+	e := benchPods()
 	for j := range 10000 {
 		_ = e.SetPolicy(benchPolicy(j))
 	}

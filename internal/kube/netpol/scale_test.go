@@ -2,7 +2,6 @@ package netpol
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -31,17 +30,7 @@ func TestEngineScale(t *testing.T) {
 		t.Skip("timing")
 	}
 	for _, n := range []int{100, 1000, 10000} {
-		e := NewEngine(node)
-		e.SetNamespace("bench", nil)
-		for i := range 1000 {
-			nd := "remote"
-			if i < 100 {
-				nd = node
-			}
-			e.SetPod(&Pod{Namespace: "bench", Name: fmt.Sprintf("p%d", i), Node: nd,
-				IP:     netip.AddrFrom4([4]byte{10, 64, byte(i >> 8), byte(i)}),
-				Labels: map[string]string{"app": fmt.Sprintf("app-%d", i%50), "grp": fmt.Sprintf("g-%d", i%10)}})
-		}
+		e := benchPods()
 		for j := range n {
 			_ = e.SetPolicy(benchPolicy(j))
 		}
