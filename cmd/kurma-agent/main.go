@@ -279,13 +279,12 @@ func run() error {
 }
 
 // agentReady is the agent's readiness: synced with the controller (its
-// ports listed and plugged once) and, in Kubernetes mode, its pod watch
-// synced with the API server.
+// ports, the hosts and the load balancers listed, the load balancers
+// programmed) and, in Kubernetes mode, its pod watch synced with the API
+// server.
 func agentReady(a *agent.Agent, d *cnid.Daemon) func() error {
 	return func() error {
-		select {
-		case <-a.Synced():
-		default:
+		if !a.Programmed() {
 			return errors.New("not synced with the controller yet")
 		}
 		if d != nil && !d.Synced() {

@@ -98,6 +98,9 @@ type Agent struct {
 	gateways   map[uint32]map[string]bool       // gateways each VPC was last ensured with
 	empty      map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
 	synced     chan struct{}                    // closed after the first port list
+	hostsSeen  chan struct{}                    // closed after the first host list
+	lbsSeen    chan struct{}                    // closed after the first load balancer list
+	lbsDone    chan struct{}                    // closed after the first full load balancer sync
 	lb         lbCache                          // load balancers and floating IPs
 	hc         *healthChecks                    // health check node ports (its own lock)
 
@@ -139,23 +142,43 @@ func New(cfg Config) (*Agent, error) {
 		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
 		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
 		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
+		hostsSeen: make(chan struct{}), lbsSeen: make(chan struct{}), lbsDone: make(chan struct{}),
 		lb: newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
 		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{},
 	}, nil
 }
 
-func (a *Agent) isSynced() bool {
+func (a *Agent) isSynced() bool { return isClosed(a.synced) }
+
+// isClosed reports whether ch is closed.
+func isClosed(ch chan struct{}) bool {
 	select {
-	case <-a.synced:
+	case <-ch:
 		return true
 	default:
 		return false
 	}
 }
 
+// closeOnce closes ch unless it is closed; callers hold a.mu (or are the
+// only closer).
+func closeOnce(ch chan struct{}) {
+	if !isClosed(ch) {
+		close(ch)
+	}
+}
+
 // Synced is closed once the agent has listed its ports and queued the
 // first full sync.
 func (a *Agent) Synced() <-chan struct{} { return a.synced }
+
+// Programmed reports whether the agent has listed its ports, every host
+// and (when it programs them) every load balancer, and has programmed
+// the load balancers once: from then on the kernel holds the
+// controller's state (readiness).
+func (a *Agent) Programmed() bool {
+	return a.isSynced() && isClosed(a.hostsSeen) && (!a.lbEnabled() || isClosed(a.lbsDone))
+}
 
 // Run registers the host, then watches and reconciles until ctx ends. It
 // returns nil on cancellation. Kernel state is left in place on exit: a
@@ -276,12 +299,16 @@ func (a *Agent) sync(ctx context.Context, key string, urgent bool) error {
 	case "g":
 		return a.syncGuards(ctx)
 	case "l":
-		if !a.isSynced() {
-			return nil // the port listing queues it again
+		// Before both listings the cache would drop what it has not
+		// seen yet: a restarted agent would remove load balancers from
+		// the kernel and add them back (the listing that completes last
+		// queues it again).
+		if !a.isSynced() || !isClosed(a.lbsSeen) {
+			return nil
 		}
 		return a.syncLBs(ctx)
 	case "L":
-		if !a.isSynced() {
+		if !a.isSynced() || !isClosed(a.lbsSeen) {
 			return nil
 		}
 		return a.checkLBs(ctx)
@@ -289,6 +316,12 @@ func (a *Agent) sync(ctx context.Context, key string, urgent bool) error {
 		vni, err := strconv.ParseUint(id, 10, 32)
 		if err != nil {
 			return nil // not a key we make
+		}
+		if !isClosed(a.hostsSeen) {
+			// A remote port whose host is not known yet would lose its
+			// entries until the host listing brings them back; that
+			// listing queues the VPCs again.
+			return nil
 		}
 		return a.syncVPC(ctx, uint32(vni))
 	}

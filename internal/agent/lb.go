@@ -252,6 +252,7 @@ func (a *Agent) watchLBs(ctx context.Context) {
 				}
 			}
 			c.full = true
+			closeOnce(a.lbsSeen)
 			a.mu.Unlock()
 			a.q.Add(lbKey)
 		},
@@ -362,6 +363,9 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 		return fmt.Errorf("load balancers: %w", err)
 	}
 	c.progLB, c.progFIP = progLB, progFIP
+	if full {
+		closeOnce(a.lbsDone)
+	}
 	a.mu.Unlock()
 	a.hc.apply()
 	if full {

@@ -50,7 +50,7 @@ func lbAgent(rec *recLB) *Agent {
 			"p2": {ID: "p2", VNI: 8, BindingHostID: "h2"},
 		},
 		gateways: map[uint32]map[string]bool{7: {"10.0.0.1/24": true}},
-		lb:       newLBCache()}
+		lb:       newLBCache(), lbsDone: make(chan struct{})}
 }
 
 func testLB(id string, vni uint32, vip string, members ...string) *controllerapi.LoadBalancer {

@@ -272,15 +272,22 @@ func (a *Agent) watchHosts(ctx context.Context) {
 			}
 			return ev.Host.ID
 		},
-		listed: func(_ context.Context, seen map[string]bool) {
+		listed: func(ctx context.Context, seen map[string]bool) {
 			a.mu.Lock()
 			for id := range a.hosts {
 				if !seen[id] {
 					delete(a.hosts, id)
 				}
 			}
+			first := !isClosed(a.hostsSeen)
+			closeOnce(a.hostsSeen)
 			a.mu.Unlock()
 			a.queueLocalVPCs()
+			if first {
+				// VPC syncs waited for this listing, the resync that
+				// finds orphan VPCs among them.
+				a.resync(ctx)
+			}
 		},
 	})
 }

@@ -1,0 +1,235 @@
+package agent_test
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// genSuffix matches the generation suffix of the load-balancer sets
+// (services-a, backends-b, ...): a full sync may switch generations.
+var genSuffix = regexp.MustCompile(`\b([a-z]+(?:-[a-z]+)*)-[ab]\b`)
+
+// kernelState is what a host's datapath holds in the kernel: the nft
+// ruleset (set generations aside), links, addresses, routes, permanent
+// neighbours and static FDB entries. Counters and learned entries are
+// left out: traffic changes them.
+func kernelState(t *testing.T, h *host) map[string][]string {
+	t.Helper()
+	run := func(args ...string) []string {
+		out, err := exec.Command("ip", append([]string{"netns", "exec", nettest.Name(h.ns)}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+		var lines []string
+		for _, l := range strings.Split(string(out), "\n") {
+			if l = strings.TrimRight(l, " "); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	keep := func(lines []string, f func(string) bool) []string {
+		return slices.DeleteFunc(lines, func(l string) bool { return !f(l) })
+	}
+	ruleset := run("nft", "list", "ruleset")
+	for i, l := range ruleset {
+		ruleset[i] = genSuffix.ReplaceAllString(l, "$1-GEN")
+	}
+	return map[string][]string{
+		"nft":    ruleset,
+		"links":  run("ip", "-d", "-o", "link", "show"),
+		"addrs":  run("ip", "-o", "addr", "show"),
+		"routes": run("ip", "route", "show", "table", "all"),
+		"neigh":  keep(run("ip", "neigh", "show", "nud", "permanent"), func(string) bool { return true }),
+		"fdb": keep(run("bridge", "fdb", "show"), func(l string) bool {
+			return strings.Contains(l, "permanent") || strings.Contains(l, "static")
+		}),
+	}
+}
+
+// monitor runs `what` in h's namespace until the test ends and returns
+// what it printed so far.
+func monitor(t *testing.T, c *cluster, h *host, name string, args ...string) func() []string {
+	t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", nettest.Name(h.ns)}, args...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var (
+		mu    sync.Mutex
+		lines []string
+		done  = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			mu.Lock()
+			lines = append(lines, time.Now().Format("15:04:05.000")+" "+sc.Text())
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done; _ = cmd.Wait() })
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lines)
+	}
+}
+
+// agentReady polls the agent's readiness in h's namespace.
+func agentReady(h *host) bool {
+	res, err := nsHTTPClient(h.ns).Get("http://127.0.0.1:9697/healthz")
+	if err != nil {
+		return false
+	}
+	res.Body.Close()
+	return res.StatusCode == http.StatusOK
+}
+
+// TestAgentRestartKeepsDatapath: an agent stopped and started again (as a
+// rolling upgrade does) leaves its host's kernel state as it was: the
+// same nft ruleset and set elements, links, addresses, routes,
+// neighbours and FDB entries, and nothing of it is removed meanwhile
+// (nothing flushed and refilled). Connections opened all along, to the
+// VIP from another pod and from a member (hairpin) and to the pod on the
+// other host, never fail.
+func TestAgentRestartKeepsDatapath(t *testing.T) {
+	ctx := t.Context()
+	c := newCluster(t, 2)
+	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "restart"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := proj.ID
+	sn := c.network(ctx, pid, "net", "10.50.0.0/24")
+	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: "10.96.0.0/24",
+		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := []pod{c.newPod(ctx, t, pid, sn.ID, c.hosts[0]), c.newPod(ctx, t, pid, sn.ID, c.hosts[0]),
+		c.newPod(ctx, t, pid, sn.ID, c.hosts[1])}
+	c.waitUp(ctx, t, pid, pods...)
+	client, m1, m2 := pods[0], pods[1], pods[2]
+	serveWho(t, m1.ns, m1.ip()+":8080", "m1")
+	serveWho(t, m2.ns, m2.ip()+":8080", "m2")
+	members := []controllerapi.Member{{Address: m1.ip()}, {Address: m2.ip()}}
+	lb, err := c.c.CreateLoadBalancer(ctx, pid, controllerapi.LoadBalancer{Name: "svc", VIPSubnetID: svc.ID, Policy: controllerapi.Policy{HostAccess: true},
+		Listeners: []controllerapi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 8080}}, Members: members})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A VIP in the pods' own subnet: the host answers ARP for it (a
+	// local route).
+	onLink, err := c.c.CreateLoadBalancer(ctx, pid, controllerapi.LoadBalancer{Name: "onlink", VIPSubnetID: sn.ID,
+		Listeners: []controllerapi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 8080}}, Members: members})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type probe struct{ from, addr string }
+	probes := []probe{
+		{client.ns, lb.VIPAddress + ":80"},     // both members, one over VXLAN
+		{m1.ns, lb.VIPAddress + ":80"},         // hairpin half the time
+		{client.ns, onLink.VIPAddress + ":80"}, // on-link VIP
+		{client.ns, m2.ip() + ":8080"},         // the pod on the other host
+	}
+	for _, p := range probes {
+		until(t, 10*time.Second, "reach "+p.addr, func() error {
+			seen, err := spread(p.from, "tcp", p.addr, 10)
+			if err != nil {
+				return fmt.Errorf("seen %v: %w", seen, err)
+			}
+			return nil
+		})
+	}
+	// Settled: two resync periods with nothing to do.
+	time.Sleep(2500 * time.Millisecond)
+	before := map[string]map[string][]string{}
+	var mons []func() []string
+	for _, h := range c.hosts {
+		before[h.id] = kernelState(t, h)
+		mons = append(mons, monitor(t, c, h, "nft monitor", "nft", "monitor"),
+			monitor(t, c, h, "ip monitor", "ip", "monitor", "link", "address", "route", "neigh"))
+	}
+	// Connections all along.
+	stop := make(chan struct{})
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failures []string
+		answered int
+	)
+	for _, p := range probes {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := who(p.from, "tcp", p.addr)
+				mu.Lock()
+				if err != nil {
+					failures = append(failures, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), p.addr, err))
+				} else {
+					answered++
+				}
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+	for _, h := range c.hosts {
+		h.proc.stop()
+		restarted := time.Now()
+		c.startAgent(h)
+		until(t, 20*time.Second, "agent on "+h.id+" ready again", func() error {
+			if !agentReady(h) {
+				return fmt.Errorf("not ready")
+			}
+			return nil
+		})
+		t.Logf("agent on %s ready %v after its restart", h.id, time.Since(restarted).Round(time.Millisecond))
+		// Several resync periods (1 s) of the new agent.
+		time.Sleep(3 * time.Second)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d connections answered, %d failed", answered, len(failures))
+	if len(failures) > 0 {
+		t.Errorf("connections failed while the agents restarted:\n%s", strings.Join(failures, "\n"))
+	}
+	for _, h := range c.hosts {
+		after := kernelState(t, h)
+		for k, b := range before[h.id] {
+			if !slices.Equal(b, after[k]) {
+				t.Errorf("%s: %s differ after the restart:\nbefore:\n%s\nafter:\n%s", h.id, k, strings.Join(b, "\n"), strings.Join(after[k], "\n"))
+			}
+		}
+	}
+	// Nothing was removed meanwhile: no element, rule, set, link,
+	// address, route or neighbour deleted (and added back).
+	for _, m := range mons {
+		for _, l := range m() {
+			if strings.Contains(l, " delete ") || strings.Contains(l, "Deleted ") {
+				t.Errorf("removed during the restart: %s", l)
+			}
+		}
+	}
+}
