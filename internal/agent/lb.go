@@ -84,13 +84,17 @@ type lbCache struct {
 	full      bool                  // the next sync is a full Sync
 	progLB    map[string]bool       // load balancers programmed here
 	progFIP   map[string]lbpath.FIP // floating IPs programmed here, as programmed
-	localVNIs map[uint32]string     // VPCs with a local port at the last sync: their gateways
+	localVNIs map[uint32]string     // VPCs with a local port at the last sync: their bridges' subnets (bridgeNets as a key)
+	// bridgeNets are the subnets each of those VPCs' bridge carries a
+	// gateway of (a VIP inside one is on-link).
+	bridgeNets map[uint32][]netip.Prefix
 }
 
 func newLBCache() lbCache {
 	return lbCache{lbs: map[string]*lbRec{}, fips: map[string]*controllerapi.FloatingIP{},
 		dirtyLB: map[string]bool{}, dirtyFIP: map[string]bool{}, full: true,
-		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{}}
+		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{},
+		bridgeNets: map[uint32][]netip.Prefix{}}
 }
 
 // lbRec is the agent's record of a load balancer: what it programs,
@@ -266,12 +270,12 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	bn := a.dp.(bridgeNamer)
 	a.mu.Lock()
 	c := &a.lb
+	nets := a.bridgeNetsLocked()
 	local := map[uint32]string{}
-	for _, p := range a.ports {
-		if a.isLocal(p) && p.VNI != 0 {
-			local[p.VNI] = gatewayKey(a.gateways[p.VNI])
-		}
+	for vni, ps := range nets {
+		local[vni] = prefixKey(ps)
 	}
+	c.bridgeNets = nets
 	if !maps.Equal(local, c.localVNIs) {
 		for id, l := range c.lbs {
 			old, was := c.localVNIs[l.vni]
@@ -394,8 +398,8 @@ func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
 	if local {
 		spec.Iface = bn.BridgeName(l.vni)
 		// A VIP inside a subnet of this host's bridge is ARPed for by its pods.
-		for gw := range a.gateways[l.vni] {
-			if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(l.vip) {
+		for _, pfx := range a.lb.bridgeNets[l.vni] {
+			if pfx.Contains(l.vip) {
 				spec.OnLink = true
 			}
 		}
@@ -441,7 +445,47 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 	return spec, spec.Validate() == nil
 }
 
-// gatewayKey is a VPC's gateway set as one comparable string.
-func gatewayKey(gws map[string]bool) string {
-	return strings.Join(slices.Sorted(maps.Keys(gws)), ",")
+// bridgeNetsLocked returns, for each VPC with a local port, the subnets
+// whose gateway its bridge carries: those of its ports, local and remote,
+// as ensureVPC computes them, but from the cache alone, so that a
+// restarted agent finds a VIP on-link before its VPCs are ensured again
+// (its local route is never removed and added back). Callers hold a.mu.
+func (a *Agent) bridgeNetsLocked() map[uint32][]netip.Prefix {
+	out := map[uint32][]netip.Prefix{}
+	for _, p := range a.ports {
+		if a.isLocal(p) && p.VNI != 0 {
+			out[p.VNI] = nil
+		}
+	}
+	for _, p := range a.ports {
+		if _, ok := out[p.VNI]; !ok {
+			continue
+		}
+		for _, f := range p.FixedIPs {
+			if sn := a.subnets[f.SubnetID]; f.CIDR == "" && sn != nil {
+				f.CIDR, f.GatewayIP = sn.CIDR, sn.GatewayIP
+			}
+			pfx, err := netip.ParsePrefix(f.CIDR)
+			if err != nil || f.GatewayIP == "" {
+				continue
+			}
+			if pfx = pfx.Masked(); !slices.Contains(out[p.VNI], pfx) {
+				out[p.VNI] = append(out[p.VNI], pfx)
+			}
+		}
+	}
+	for _, ps := range out {
+		slices.SortFunc(ps, func(x, y netip.Prefix) int { return strings.Compare(x.String(), y.String()) })
+	}
+	return out
+}
+
+// prefixKey is a sorted prefix list as one comparable string.
+func prefixKey(ps []netip.Prefix) string {
+	var b strings.Builder
+	for _, p := range ps {
+		b.WriteString(p.String())
+		b.WriteByte(',')
+	}
+	return b.String()
 }

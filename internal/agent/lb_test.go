@@ -46,7 +46,7 @@ func (namer) BridgeName(vni uint32) string { return "kab" + string(rune('0'+vni%
 func lbAgent(rec *recLB) *Agent {
 	return &Agent{cfg: Config{HostID: "h1", LB: rec}, dp: namer{}, log: slog.Default(), hc: newHealthChecks("127.0.0.1", slog.Default()),
 		ports: map[string]*controllerapi.Port{
-			"p1": {ID: "p1", VNI: 7, BindingHostID: "h1"},
+			"p1": {ID: "p1", VNI: 7, BindingHostID: "h1", FixedIPs: []controllerapi.FixedIP{{IPAddress: "10.0.0.5", CIDR: "10.0.0.0/24", GatewayIP: "10.0.0.1"}}},
 			"p2": {ID: "p2", VNI: 8, BindingHostID: "h2"},
 		},
 		gateways: map[uint32]map[string]bool{7: {"10.0.0.1/24": true}},

@@ -16,12 +16,11 @@ import (
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
-// genSuffix matches the generation suffix of the load-balancer sets
-// (services-a, backends-b, ...): a full sync may switch generations.
-var genSuffix = regexp.MustCompile(`\b([a-z]+(?:-[a-z]+)*)-[ab]\b`)
+// timers matches the running timers `ip -d link` shows.
+var timers = regexp.MustCompile(`\b\w+_timer +[0-9.]+`)
 
 // kernelState is what a host's datapath holds in the kernel: the nft
-// ruleset (set generations aside), links, addresses, routes, permanent
+// ruleset, links, addresses, routes, permanent
 // neighbours and static FDB entries. Counters and learned entries are
 // left out: traffic changes them.
 func kernelState(t *testing.T, h *host) map[string][]string {
@@ -43,18 +42,20 @@ func kernelState(t *testing.T, h *host) map[string][]string {
 		return slices.DeleteFunc(lines, func(l string) bool { return !f(l) })
 	}
 	ruleset := run("nft", "list", "ruleset")
-	for i, l := range ruleset {
-		ruleset[i] = genSuffix.ReplaceAllString(l, "$1-GEN")
+	links := run("ip", "-d", "-o", "link", "show")
+	for i, l := range links {
+		links[i] = timers.ReplaceAllString(l, "")
 	}
+	sorted := func(l []string) []string { slices.Sort(l); return l }
 	return map[string][]string{
 		"nft":    ruleset,
-		"links":  run("ip", "-d", "-o", "link", "show"),
+		"links":  links,
 		"addrs":  run("ip", "-o", "addr", "show"),
 		"routes": run("ip", "route", "show", "table", "all"),
-		"neigh":  keep(run("ip", "neigh", "show", "nud", "permanent"), func(string) bool { return true }),
-		"fdb": keep(run("bridge", "fdb", "show"), func(l string) bool {
+		"neigh":  sorted(run("ip", "neigh", "show", "nud", "permanent")),
+		"fdb": sorted(keep(run("bridge", "fdb", "show"), func(l string) bool {
 			return strings.Contains(l, "permanent") || strings.Contains(l, "static")
-		}),
+		})),
 	}
 }
 

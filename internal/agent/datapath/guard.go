@@ -1,9 +1,11 @@
 package datapath
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -96,6 +98,12 @@ func (d *Datapath) SetGuards(ctx context.Context, guards []Guard) error {
 	d.nftMu.Lock()
 	defer d.nftMu.Unlock()
 	if d.gin == nil {
+		// A restarted agent finds the guards of its predecessor: it
+		// reads them back and changes only what differs, so no guard is
+		// ever removed and added back.
+		d.gin = d.readGuards()
+	}
+	if d.gin == nil {
 		err := d.writeGuards(ctx, want)
 		if err == nil {
 			d.gin = want
@@ -137,6 +145,55 @@ func (d *Datapath) SetGuards(ctx context.Context, guards []Guard) error {
 		return fmt.Errorf("nftables: port guards: %w", err)
 	}
 	return nil
+}
+
+// readGuards returns the elements of the guard sets in the kernel, or nil
+// when the table, its chain or one of its sets is missing or unreadable
+// (the caller then writes the table whole).
+func (d *Datapath) readGuards() map[gelem]bool {
+	t := d.gsets[gsPort].Table
+	chains, err := d.gconn.ListChainsOfTableFamily(nftables.TableFamilyBridge)
+	if err != nil || !slices.ContainsFunc(chains, func(c *nftables.Chain) bool {
+		return c.Table != nil && c.Table.Name == t.Name && c.Name == guardChain
+	}) {
+		return nil
+	}
+	have := map[gelem]bool{}
+	for i, set := range d.gsets {
+		els, err := d.gconn.GetSetElements(set)
+		if err != nil {
+			return nil
+		}
+		for _, el := range els {
+			e, ok := gelemOf(uint8(i), el.Key)
+			if !ok {
+				return nil
+			}
+			have[e] = true
+		}
+	}
+	return have
+}
+
+// gelemOf decodes a guard set's element key (see gelem.key).
+func gelemOf(set uint8, k []byte) (gelem, bool) {
+	if len(k) < ifNameSize {
+		return gelem{}, false
+	}
+	e := gelem{set: set, ifn: string(bytes.TrimRight(k[:ifNameSize], "\x00"))}
+	rest := k[ifNameSize:]
+	switch {
+	case set == gsPort && len(rest) == 0:
+	case set == gsMAC && len(rest) == 8:
+		e.rest = net.HardwareAddr(rest[:6]).String()
+	case (set == gsARP || set == gsV4) && len(rest) == 4:
+		e.rest = net.IP(rest).String()
+	case set == gsV6 && len(rest) == 16:
+		e.rest = net.IP(rest).String()
+	default:
+		return gelem{}, false
+	}
+	return e, true
 }
 
 // writeGuards writes the bridge table, its guard chain and sets, and the

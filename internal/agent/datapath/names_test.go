@@ -169,7 +169,7 @@ func TestIsolationRules(t *testing.T) {
 				t.Fatalf("%d rules, want %d:\n%s", len(rules), tc.want, fake.Dump())
 			}
 			for _, r := range rules {
-				if r.Comment == nil || !(strings.HasPrefix(*r.Comment, "kurma-agent:vpc-") || *r.Comment == "kurma-agent:nat-accept") {
+				if r.Comment == nil || !(strings.HasPrefix(*r.Comment, "kurma-agent:vpc-") || strings.HasPrefix(*r.Comment, "kurma-agent:nat-accept")) {
 					t.Errorf("rule %q has no owner comment", r.Rule)
 				}
 			}

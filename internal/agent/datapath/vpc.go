@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
@@ -185,6 +187,10 @@ func (d *Datapath) syncIsolation(ctx context.Context) error {
 	slices.Sort(bridges)
 	d.nftMu.Lock()
 	defer d.nftMu.Unlock()
+	if d.isolationInPlace(bridges) {
+		// A restarted agent finds its rules: nothing is rewritten.
+		return nil
+	}
 	tx := d.nft.NewTransaction()
 	isolationRules(tx, d.cfg.Owner, d.cfg.AcceptMark, bridges)
 	return d.inHost(func() error {
@@ -193,6 +199,38 @@ func (d *Datapath) syncIsolation(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// isolationInPlace reports whether the forward chain of our table holds
+// exactly the rules isolationRules writes for bridges, in order: each
+// rule's comment names what it depends on (the bridge, the accept mark).
+// Read through netlink; any failure says no (the caller rewrites).
+func (d *Datapath) isolationInPlace(bridges []string) bool {
+	want := isolationComments(d.cfg.Owner, d.cfg.AcceptMark, bridges)
+	t := &nftables.Table{Name: d.cfg.NFTTable, Family: nftables.TableFamilyINet}
+	rules, err := d.gconn.GetRules(t, &nftables.Chain{Name: forwardChain, Table: t})
+	if err != nil || len(rules) != len(want) {
+		return false
+	}
+	for i, r := range rules {
+		if c, ok := userdata.GetString(r.UserData, userdata.TypeComment); !ok || c != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// isolationComments are the comments of the rules isolationRules writes,
+// in order.
+func isolationComments(owner string, acceptMark uint32, bridges []string) []string {
+	var out []string
+	if acceptMark != 0 {
+		out = append(out, fmt.Sprintf("%s:nat-accept:0x%x", owner, acceptMark))
+	}
+	for _, br := range bridges {
+		out = append(out, owner+":vpc-in:"+br, owner+":vpc-out:"+br)
+	}
+	return out
 }
 
 // isolationRules fills tx with our table, its forward chain, and for each
@@ -210,16 +248,18 @@ func isolationRules(tx *knftables.Transaction, owner string, acceptMark uint32, 
 		Policy:   knftables.PtrTo(knftables.AcceptPolicy),
 	})
 	tx.Flush(&knftables.Chain{Name: forwardChain})
+	comments := isolationComments(owner, acceptMark, bridges)
 	if acceptMark != 0 {
 		tx.Add(&knftables.Rule{Chain: forwardChain, Rule: fmt.Sprintf("meta mark & 0x%x == 0x%x accept", acceptMark, acceptMark),
-			Comment: knftables.PtrTo(owner + ":nat-accept")})
+			Comment: knftables.PtrTo(comments[0])})
+		comments = comments[1:]
 	}
-	for _, br := range bridges {
+	for i, br := range bridges {
 		q := strconv.Quote(br)
 		tx.Add(&knftables.Rule{Chain: forwardChain, Rule: knftables.Concat("iifname", q, "oifname", "!=", q, "drop"),
-			Comment: knftables.PtrTo(owner + ":vpc-in:" + br)})
+			Comment: knftables.PtrTo(comments[2*i])})
 		tx.Add(&knftables.Rule{Chain: forwardChain, Rule: knftables.Concat("oifname", q, "iifname", "!=", q, "drop"),
-			Comment: knftables.PtrTo(owner + ":vpc-out:" + br)})
+			Comment: knftables.PtrTo(comments[2*i+1])})
 	}
 }
 

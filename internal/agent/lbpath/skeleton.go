@@ -2,12 +2,17 @@ package lbpath
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
 )
 
@@ -63,7 +68,20 @@ func setObjects(gen string) []knftables.Object {
 // safe on a table a previous run left.
 // With drop set, the sets of that generation are deleted in the same
 // transaction that points the rules at gen.
+//
+// A chain whose rules are already the wanted ones (its last rule carries
+// their fingerprint as comment, see chainFingerprint) is left alone, and
+// node-addrs changes only by the addresses that differ: a restarted agent
+// rewrites nothing that is in place.
 func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
+	have, err := p.chainPrints()
+	if err != nil {
+		return err
+	}
+	nodeAddrs, err := p.setAddrs(nodeAddrsSet)
+	if err != nil {
+		return err
+	}
 	tx := p.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	addSets(tx, gen)
@@ -73,23 +91,39 @@ func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 		Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Size: knftables.PtrTo[uint64](1 << 20),
 		Timeout: knftables.PtrTo(3 * time.Hour)})
 	tx.Add(&knftables.Map{Name: "classes", Type: "mark : verdict", Comment: knftables.PtrTo("class (member count, affinity) -> pick chain")})
+	// rewrite flushes chain name and adds rules unless they are in place.
+	rewrite := func(name string, rules []string, def ...string) {
+		fp := chainFingerprint(name, rules, def...)
+		if got, ok := have[name]; ok && got == fp {
+			return
+		}
+		tx.Flush(&knftables.Chain{Name: name})
+		for i, r := range rules {
+			rule := &knftables.Rule{Chain: name, Rule: r}
+			if i == len(rules)-1 {
+				rule.Comment = knftables.PtrTo(fp)
+			}
+			tx.Add(rule)
+		}
+	}
 	tx.Add(&knftables.Chain{Name: emptyChain, Comment: knftables.PtrTo("load balancers without members")})
-	tx.Flush(&knftables.Chain{Name: emptyChain})
-	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "meta l4proto tcp reject with tcp reset"})
-	tx.Add(&knftables.Rule{Chain: emptyChain, Rule: "reject"})
+	rewrite(emptyChain, []string{"meta l4proto tcp reject with tcp reset", "reject"})
 	tx.Add(&knftables.Element{Map: "classes", Key: []string{"0"}, Value: []string{"goto " + emptyChain}})
 	tx.Add(&knftables.Set{Name: nodeAddrsSet, Type: "ipv4_addr", Comment: knftables.PtrTo("addresses node ports answer on")})
-	tx.Flush(&knftables.Set{Name: nodeAddrsSet})
+	for _, a := range nodeAddrs {
+		if !slices.Contains(p.cfg.NodeAddrs, a) {
+			tx.Delete(&knftables.Element{Set: nodeAddrsSet, Key: []string{a.String()}})
+		}
+	}
 	for _, a := range p.cfg.NodeAddrs {
-		tx.Add(&knftables.Element{Set: nodeAddrsSet, Key: []string{a.String()}})
+		if !slices.Contains(nodeAddrs, a) {
+			tx.Add(&knftables.Element{Set: nodeAddrsSet, Key: []string{a.String()}})
+		}
 	}
 
 	base := func(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority, rules ...string) {
 		tx.Add(&knftables.Chain{Name: name, Type: &typ, Hook: &hook, Priority: &prio})
-		tx.Flush(&knftables.Chain{Name: name})
-		for _, r := range rules {
-			tx.Add(&knftables.Rule{Chain: name, Rule: r})
-		}
+		rewrite(name, rules, string(typ), string(hook), string(prio))
 	}
 	for _, r := range p.rules(gen) {
 		base(r.name, r.typ, r.hook, r.prio, r.rules...)
@@ -104,6 +138,80 @@ func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 		return fmt.Errorf("lbpath: write table %s: %w", p.cfg.Table, err)
 	}
 	return nil
+}
+
+// chainFingerprint names a chain's rules (and definition def): the
+// comment of its last rule, by which writeSkeleton knows the chain is in
+// place. A chain without rules has the fingerprint "".
+func chainFingerprint(name string, rules []string, def ...string) string {
+	if len(rules) == 0 {
+		return ""
+	}
+	h := sha256.New()
+	for _, s := range append(append([]string{name}, def...), rules...) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return "kurma " + hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// chainPrints reads, through netlink (no element is loaded), the
+// fingerprint of each chain of the table that has rules: the comment of
+// its last rule ("" for a chain without rules, "?" when the last rule has
+// no comment).
+func (p *Path) chainPrints() (map[string]string, error) {
+	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: list chains: %w", err)
+	}
+	out := map[string]string{}
+	for _, c := range chains {
+		if c.Table == nil || c.Table.Name != p.cfg.Table || strings.HasPrefix(c.Name, "pick-") {
+			continue
+		}
+		rules, err := p.conn.GetRules(p.tbl, c)
+		if err != nil {
+			return nil, fmt.Errorf("lbpath: list rules of %s: %w", c.Name, err)
+		}
+		fp := ""
+		if n := len(rules); n > 0 {
+			fp = "?"
+			if s, ok := userdata.GetString(rules[n-1].UserData, userdata.TypeComment); ok {
+				fp = s
+			}
+		}
+		out[c.Name] = fp
+	}
+	return out, nil
+}
+
+// setAddrs lists the IPv4 addresses of a set of the table (none when it
+// does not exist yet).
+func (p *Path) setAddrs(name string) ([]netip.Addr, error) {
+	sets, err := p.conn.GetSets(p.tbl)
+	if err != nil {
+		return nil, nil // no table (deleted by someone): the skeleton adds it
+	}
+	var set *nftables.Set
+	for _, s := range sets {
+		if s.Name == name {
+			set = s
+		}
+	}
+	if set == nil {
+		return nil, nil
+	}
+	els, err := p.conn.GetSetElements(set)
+	if err != nil {
+		return nil, fmt.Errorf("lbpath: list %s: %w", name, err)
+	}
+	var out []netip.Addr
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok && a.Is4() {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }
 
 // CtMarkSNAT is the connection-mark bit of connections that nat-post

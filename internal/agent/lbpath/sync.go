@@ -41,10 +41,18 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	for id := range touched {
 		p.refreshLB(id)
 	}
+	if len(p.els) <= inPlaceMax {
+		err := p.syncInPlace(ctx)
+		if err == nil {
+			return p.afterSync(ctx)
+		}
+		p.log.Info("load balancers: in-place sync failed; filling the other generation", "err", err)
+	}
 	// Reading tens of thousands of elements back takes the kernel seconds
 	// (a dump restarts its hash walk per message); writing them takes
-	// less. So the sets are flushed and refilled in the same transaction:
-	// atomic for traffic, and nothing stale can survive.
+	// less. So the sets are filled anew in the other generation, and one
+	// transaction switches the rules to it: atomic for traffic, and
+	// nothing stale can survive.
 	if err := p.read(ctx, false); err != nil {
 		return err
 	}
@@ -75,6 +83,37 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 		p.useGen(old)
 		return err
 	}
+	return p.afterSync(ctx)
+}
+
+// inPlaceMax bounds the elements a Sync reads back to change the sets in
+// place; above it, Sync fills the other generation (see Sync).
+const inPlaceMax = 10000
+
+// syncInPlace reads the sets of the current generation back and changes
+// only the elements that differ, in place: what a restarted agent finds
+// already right is never removed and added back (nothing flushed and
+// refilled). It fails when the sets are not there (the table deleted):
+// then Sync rebuilds them in the other generation.
+func (p *Path) syncInPlace(ctx context.Context) error {
+	if err := p.read(ctx, true); err != nil {
+		return err
+	}
+	if err := p.writeSkeleton(ctx, p.gen, ""); err != nil {
+		return err
+	}
+	for e := range p.els {
+		p.pending[e] = true
+	}
+	p.syncing = true
+	err := p.commit(ctx)
+	p.syncing = false
+	return err
+}
+
+// afterSync removes the pick chains and affinity entries no load balancer
+// of the synced state wants.
+func (p *Path) afterSync(ctx context.Context) error {
 	if err := p.gcChains(ctx); err != nil {
 		return err
 	}
