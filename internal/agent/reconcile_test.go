@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/internal/agent/lbpath"
 	"kurma.dev/kurma/internal/agent/nettest"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -276,5 +277,149 @@ func TestNoUnplugBeforeList(t *testing.T) {
 	}
 	if got := fc.status("kept"); len(got) != 0 {
 		t.Fatalf("an UP port was re-reported: %v", got)
+	}
+}
+
+// listingController is fakeController with a load balancer feed, whose
+// host and load balancer listings wait until their hold is closed.
+type listingController struct {
+	*fakeController
+	holdHosts, holdLBs chan struct{}
+	lbs                []controllerapi.LoadBalancer
+}
+
+func (f *listingController) WatchHosts(ctx context.Context, since int64) iter.Seq2[controllerapi.Event, error] {
+	return func(yield func(controllerapi.Event, error) bool) {
+		select {
+		case <-f.holdHosts:
+		case <-ctx.Done():
+			return
+		}
+		f.fakeController.WatchHosts(ctx, since)(yield)
+	}
+}
+
+func (f *listingController) WatchLoadBalancers(ctx context.Context, _ int64) iter.Seq2[controllerapi.Event, error] {
+	return func(yield func(controllerapi.Event, error) bool) {
+		select {
+		case <-f.holdLBs:
+		case <-ctx.Done():
+			return
+		}
+		for i := range f.lbs {
+			if !yield(controllerapi.Event{Type: controllerapi.EventAdded, LoadBalancer: &f.lbs[i]}, nil) {
+				return
+			}
+		}
+		if yield(controllerapi.Event{Type: controllerapi.EventSynced, Revision: 1}, nil) {
+			<-ctx.Done()
+		}
+	}
+}
+
+// syncRecorder records the load-balancer Syncs and Applies it is asked
+// for (concurrency-safe: the agent's workers call it).
+type syncRecorder struct {
+	mu    sync.Mutex
+	syncs []int // load balancers per Sync
+	calls int
+}
+
+func (r *syncRecorder) Apply(context.Context, lbpath.Changes) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	return nil
+}
+
+func (r *syncRecorder) Sync(_ context.Context, s lbpath.State) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	r.syncs = append(r.syncs, len(s.LBs))
+	return nil
+}
+
+func (r *syncRecorder) get() (calls int, syncs []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls, slices.Clone(r.syncs)
+}
+
+// TestNothingRemovedBeforeListings: a restarted agent whose port listing
+// arrives before the host and load balancer listings neither removes a
+// remote port's entries (its host's address is not known yet) nor
+// programs the load balancers (they are not known yet): the first would
+// cut the pods off the remote pod, the second every Service, until the
+// late listing.
+func TestNothingRemovedBeforeListings(t *testing.T) {
+	ctx := t.Context()
+	dp, hostNS := newTestDatapath(t)
+	podNS := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	if err := dp.EnsureVPC(ctx, datapath.VPCSpec{VNI: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fixed := func(ip string) []controllerapi.FixedIP {
+		return []controllerapi.FixedIP{{SubnetID: "s", IPAddress: ip, CIDR: "10.1.0.0/24", GatewayIP: "10.1.0.1"}}
+	}
+	kept := controllerapi.Port{ID: "kept", ProjectID: "proj", BindingHostID: "h1", VNI: 1, NetworkNS: podNS,
+		MACAddress: "02:00:00:00:01:05", Status: controllerapi.StatusUp, RevisionNumber: 1, FixedIPs: fixed("10.1.0.5")}
+	far := controllerapi.Port{ID: "far", ProjectID: "proj", BindingHostID: "h2", VNI: 1,
+		MACAddress: "02:00:00:00:01:06", Status: controllerapi.StatusUp, RevisionNumber: 1, FixedIPs: fixed("10.1.0.6")}
+	spec, err := toPortSpec(&kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Plug(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	remote, _ := toRemote(&far, net.ParseIP("192.0.2.2"))
+	if err := dp.SetRemotes(ctx, 1, []datapath.Remote{remote}); err != nil {
+		t.Fatal(err)
+	}
+	neigh := func() string { return nettest.IP(t, hostNS, "neigh", "show", "nud", "permanent") }
+	if !strings.Contains(neigh(), "10.1.0.6") {
+		t.Fatalf("no neighbour entry for the remote port: %q", neigh())
+	}
+	fc := &listingController{fakeController: &fakeController{statuses: map[string][]string{}, live: make(chan controllerapi.Event),
+		ports: []controllerapi.Port{kept, far},
+		hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}, {ID: "h2", UnderlayIP: "192.0.2.2"}}},
+		holdHosts: make(chan struct{}), holdLBs: make(chan struct{}),
+		lbs: []controllerapi.LoadBalancer{*testLB("lb1", 1, "10.96.0.10", "10.1.0.5", "10.1.0.6")}}
+	rec := &syncRecorder{}
+	a, err := New(Config{HostID: "h1", UnderlayIP: net.ParseIP("192.0.2.1"), Controller: fc, Datapath: dp, LB: rec,
+		Resync: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	<-a.Synced()
+	time.Sleep(300 * time.Millisecond) // many resync periods with the ports listed
+	if !strings.Contains(neigh(), "10.1.0.6") {
+		t.Fatalf("the remote port's entry went before the host listing: %q", neigh())
+	}
+	if calls, _ := rec.get(); calls != 0 {
+		t.Fatalf("%d load-balancer changes before the load balancer listing", calls)
+	}
+	if a.Programmed() {
+		t.Fatal("ready before the host and load balancer listings")
+	}
+	close(fc.holdHosts)
+	close(fc.holdLBs)
+	deadline := time.Now().Add(5 * time.Second)
+	for !a.Programmed() {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready after the listings")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, syncs := rec.get(); len(syncs) == 0 || syncs[0] != 1 {
+		t.Fatalf("load-balancer Syncs %v: want the first with the listed load balancer", syncs)
+	}
+	if !strings.Contains(neigh(), "10.1.0.6") {
+		t.Fatalf("the remote port's entry is gone: %q", neigh())
 	}
 }
