@@ -240,6 +240,13 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 		addrsBefore[p.Name] = podAddrs(t, c, p)
 	}
 	client := in.pods[len(in.pods)-1] // on the last node
+	// What changes in each node's kernel meanwhile: an agent restart must
+	// leave the datapath as it is (nothing removed and added back).
+	var mons []*monitor
+	for _, n := range c.Nodes {
+		mons = append(mons, startMonitor(t, ctx, n, "nft", "monitor"),
+			startMonitor(t, ctx, n, "ip", "monitor", "link", "address", "route", "neigh"))
+	}
 	stop := make(chan struct{})
 	wait, err := serviceClient(ctx, podDialer(t, c, client), in.svc.Spec.ClusterIP+":80", stop)
 	if err != nil {
@@ -274,6 +281,15 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 	if st.established != nil {
 		t.Errorf("the established connection broke during the upgrade: %v", st.established)
 	}
+	for _, m := range mons {
+		for _, l := range m.lines() {
+			// The pods' own neighbour entries come and go with traffic;
+			// nothing of Kurma's may be removed.
+			if strings.Contains(l.text, "delete ") || strings.HasPrefix(l.text, "Deleted ") && !strings.Contains(l.text, "lladdr") {
+				t.Errorf("node %s: removed during the upgrade (+%v): %s", m.node, l.at.Sub(start).Round(time.Millisecond), l.text)
+			}
+		}
+	}
 	if st.maxGap > time.Second {
 		// The timeline says where the gap fell, against the agents'
 		// restarts.
@@ -297,6 +313,13 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 				}
 			}
 		}
+		for _, m := range mons {
+			for _, l := range m.lines() {
+				if l.at.After(from) && l.at.Before(st.gapEnd.Add(500*time.Millisecond)) {
+					fmt.Fprintf(&b, "  +%v %s: %s\n", l.at.Sub(start).Round(time.Millisecond), m.node, l.text)
+				}
+			}
+		}
 		t.Errorf("new connections stopped answering for %v during the upgrade (at most 1 s allowed); around the gap (from the roll's start):\n%s",
 			st.maxGap.Round(time.Millisecond), b.String())
 	}
@@ -312,6 +335,52 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 			t.Errorf("pod %s: addresses %v → %v", p.Name, addrsBefore[p.Name], a)
 		}
 	}
+}
+
+// monitor collects the lines a command (nft monitor, ip monitor) prints
+// in a node's network namespace, with the time each arrived.
+type monitor struct {
+	node string
+	mu   sync.Mutex
+	got  []monitorLine
+}
+
+type monitorLine struct {
+	at   time.Time
+	text string
+}
+
+// startMonitor runs name args in node n's namespace until the test ends.
+func startMonitor(t *testing.T, ctx context.Context, n *kubecluster.Node, name string, args ...string) *monitor {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	cmd := n.Command(ctx, name, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s on %s: %v", name, n.Name, err)
+	}
+	m := &monitor{node: n.Name}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			m.mu.Lock()
+			m.got = append(m.got, monitorLine{time.Now(), sc.Text()})
+			m.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; _ = cmd.Wait() })
+	return m
+}
+
+func (m *monitor) lines() []monitorLine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.got)
 }
 
 // ports lists the controller's ports of the k8s project whose device_id

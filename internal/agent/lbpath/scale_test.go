@@ -95,3 +95,34 @@ func TestCheckDrift(t *testing.T) {
 		t.Fatalf("after repair: %q, %v", name, err)
 	}
 }
+
+// TestRestartRewritesNothing: a fresh Path (a restarted agent) synced to
+// the state its predecessor left changes nothing in the kernel: the same
+// rules with the same handles, the same sets (no generation switch), the
+// same elements (nothing flushed and refilled).
+func TestRestartRewritesNothing(t *testing.T) {
+	tp := newTopo(t)
+	p := newPath(t, tp, ext)
+	st := manyLBs(50)
+	st.LBs[0].OnLink = true
+	st.FIPs = []FIP{{ID: "f1", Addr: addr("203.0.113.50"), PortAddr: addr("10.0.0.20")}}
+	if err := p.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	table := func() string {
+		return testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "-a", "list", "table", "inet", "lbt")
+	}
+	routes := func() string { return nettest.IP(t, tp.host, "route", "show", "table", "all") }
+	before, routesBefore := table(), routes()
+	_ = p.Close()
+	p2 := newPath(t, tp, ext)
+	if err := p2.Sync(t.Context(), st); err != nil {
+		t.Fatal(err)
+	}
+	if after := table(); after != before {
+		t.Errorf("the table changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if after := routes(); after != routesBefore {
+		t.Errorf("the routes changed:\nbefore:\n%s\nafter:\n%s", routesBefore, after)
+	}
+}

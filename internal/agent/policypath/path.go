@@ -2,6 +2,8 @@ package policypath
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
@@ -113,8 +116,23 @@ const (
 	chainEg  = "pol-eg"
 )
 
+// writeSkeleton writes the table, its sets and chains, unless every chain
+// already holds its rules (the fingerprint of the rules is the comment of
+// a chain's last rule, see inPlace): a restarted agent rewrites nothing.
 func (p *Path) writeSkeleton(ctx context.Context) error {
 	tx := p.nft.NewTransaction()
+	prints := map[string]string{}
+	addRules := func(chain string, rules []string) {
+		fp := fingerprint(chain, rules)
+		prints[chain] = fp
+		for i, r := range rules {
+			rule := &knftables.Rule{Chain: chain, Rule: r}
+			if i == len(rules)-1 {
+				rule.Comment = knftables.PtrTo(fp)
+			}
+			tx.Add(rule)
+		}
+	}
 	tx.Add(&knftables.Table{})
 	for _, d := range setDefs {
 		s := &knftables.Set{Name: d.name, Type: d.decl}
@@ -127,6 +145,7 @@ func (p *Path) writeSkeleton(ctx context.Context) error {
 		tx.Add(&knftables.Chain{Name: chain})
 		tx.Flush(&knftables.Chain{Name: chain})
 		l, r := "ip "+local, "ip "+peer
+		var rules []string
 		for _, rule := range []struct {
 			set int
 			m   string
@@ -137,9 +156,9 @@ func (p *Path) writeSkeleton(ctx context.Context) error {
 			{setInRange, l + " . " + r + " . meta l4proto . th dport"},
 			{setInCIDR, l + " . " + r},
 		} {
-			tx.Add(&knftables.Rule{Chain: chain, Rule: rule.m + " @" + setDefs[base+rule.set].name + " return"})
+			rules = append(rules, rule.m+" @"+setDefs[base+rule.set].name+" return")
 		}
-		tx.Add(&knftables.Rule{Chain: chain, Rule: "drop"})
+		addRules(chain, append(rules, "drop"))
 	}
 	look(chainIn, "daddr", "saddr", 0)
 	look(chainEg, "saddr", "daddr", setEgExact-setInExact)
@@ -147,17 +166,57 @@ func (p *Path) writeSkeleton(ctx context.Context) error {
 	tx.Add(&knftables.Chain{Name: chainFwd, Type: &typ, Hook: &hook, Priority: &prio,
 		Comment: knftables.PtrTo("NetworkPolicy of local pods")})
 	tx.Flush(&knftables.Chain{Name: chainFwd})
-	for _, r := range []string{
+	addRules(chainFwd, []string{
 		"ct state established,related accept",
 		"ip daddr @" + setDefs[setInIso].name + " jump " + chainIn,
 		"ip saddr @" + setDefs[setEgIso].name + " jump " + chainEg,
-	} {
-		tx.Add(&knftables.Rule{Chain: chainFwd, Rule: r})
+	})
+	if p.inPlace(prints) {
+		return nil
 	}
 	if err := p.inHost(func() error { return p.nft.Run(ctx, tx) }); err != nil {
 		return fmt.Errorf("policypath: write table %s: %w", p.cfg.Table, err)
 	}
 	return nil
+}
+
+// fingerprint names a chain's rules.
+func fingerprint(chain string, rules []string) string {
+	h := sha256.New()
+	for _, s := range append([]string{chain}, rules...) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return "kurma " + hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// inPlace reports whether each chain of prints exists and its last rule
+// carries its fingerprint, and every set exists: read through netlink
+// (no element is loaded). Any failure says no.
+func (p *Path) inPlace(prints map[string]string) bool {
+	sets, err := p.conn.GetSets(p.tbl)
+	if err != nil {
+		return false
+	}
+	names := map[string]bool{}
+	for _, s := range sets {
+		names[s.Name] = true
+	}
+	for _, d := range setDefs {
+		if !names[d.name] {
+			return false
+		}
+	}
+	for chain, fp := range prints {
+		rules, err := p.conn.GetRules(p.tbl, &nftables.Chain{Name: chain, Table: p.tbl})
+		if err != nil || len(rules) == 0 {
+			return false
+		}
+		if c, ok := userdata.GetString(rules[len(rules)-1].UserData, userdata.TypeComment); !ok || c != fp {
+			return false
+		}
+	}
+	return true
 }
 
 // Close releases the handles; the kernel state stays.

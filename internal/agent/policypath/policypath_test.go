@@ -250,3 +250,29 @@ func TestSyncAfterRestart(t *testing.T) {
 	}
 	tp.expect(t, "after sync", "a>b", "b>a", "c>a", "c>b")
 }
+
+// TestRestartRewritesNothing: a fresh Path (a restarted agent) synced to
+// the state its predecessor left changes nothing in the kernel: the same
+// rules with the same handles, the same elements.
+func TestRestartRewritesNothing(t *testing.T) {
+	tp := newTopo(t)
+	p1 := newPath(t, tp)
+	pods := map[string]*Pod{
+		"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.11", 6, 80)}}},
+	}
+	if err := p1.Sync(t.Context(), pods); err != nil {
+		t.Fatal(err)
+	}
+	table := func() string {
+		return testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "-a", "list", "table", "inet", "ppt")
+	}
+	before := table()
+	_ = p1.Close()
+	p2 := newPath(t, tp)
+	if err := p2.Sync(t.Context(), pods); err != nil {
+		t.Fatal(err)
+	}
+	if after := table(); after != before {
+		t.Errorf("the table changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
