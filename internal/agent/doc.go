@@ -16,6 +16,15 @@
 // missing and removes what is no longer wanted, and a replug of a port
 // that is already plugged is a no-op in the datapath (no second link).
 //
+// Restarts leave the datapath as it is: the first load-balancer sync
+// waits for the load balancer listing and VPC syncs wait for the host
+// listing (either sync before them would remove what the cache has not
+// seen yet, then add it back), on-link VIPs are decided from the cache
+// rather than from the VPCs ensured so far, and the datapaths read their
+// kernel state back and change only what differs. Readiness (Programmed)
+// holds once the ports, hosts and load balancers are listed and the load
+// balancers programmed.
+//
 // A VPC whose last local port leaves is kept for Config.VPCLinger (the
 // binary's --vpc-linger, default 3s) before it is removed: CNI churn is
 // DEL then ADD on the same network, and recreating the bridge, VXLAN

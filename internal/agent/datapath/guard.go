@@ -76,8 +76,10 @@ func (g Guard) Validate() error {
 }
 
 // SetGuards makes our bridge-family table enforce exactly guards. The
-// first call (and the one after a failure) writes the chain, its sets
-// and every element in one nft transaction; later calls write only the
+// first call reads back the guards a previous agent left (a restart
+// rewrites nothing that is in place); when the table is missing, and
+// after a failure, it writes the chain, its sets and every element in one
+// nft transaction; later calls write only the
 // elements that changed, through netlink in one transaction, so a port's
 // arrival costs the same at 10 ports as at 10,000 and runs no nft
 // process. Rules match the host veth by name, so a guard may be set

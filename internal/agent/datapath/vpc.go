@@ -172,7 +172,8 @@ func (d *Datapath) ListVPCs(ctx context.Context) ([]uint32, error) {
 }
 
 // syncIsolation rewrites our nft table from the owned bridges that exist,
-// in one atomic transaction.
+// in one atomic transaction, unless its rules are already those
+// (isolationInPlace): a restarted agent rewrites nothing.
 func (d *Datapath) syncIsolation(ctx context.Context) error {
 	links, err := linkList(d.h)
 	if err != nil {

@@ -87,14 +87,22 @@
 // declared by nft, so nft prints them too. bench/README.md has the
 // measurements behind both choices.
 //
-// The data sets exist in two generations (services-a, services-b, ...).
-// Sync fills the unused generation from scratch over netlink, then one
-// nft transaction points the base chains at it and deletes the other:
-// traffic sees the old state or the new one, never a mix, and nothing
-// stale survives. Reading tens of thousands of elements back (or letting
-// nft load them, which `nft -f` and `nft list` do) costs the kernel
-// seconds; writing them costs less than one. Chains and sets are listed
-// through netlink for the same reason.
+// Restarts change nothing that is in place: Sync of up to 10,000
+// elements (inPlaceMax; a restarted agent's usual case) reads the sets
+// back and changes only the elements that differ, and the skeleton's
+// chains are rewritten only when their rules differ (the last rule of
+// each carries a fingerprint of the chain's rules as its comment, read
+// back through netlink). So an agent restart removes no rule, set or
+// element, not even for an atomic moment.
+//
+// Above that size the data sets exist in two generations (services-a,
+// services-b, ...): Sync fills the unused generation from scratch over
+// netlink, then one nft transaction points the base chains at it and
+// deletes the other: traffic sees the old state or the new one, never a
+// mix, and nothing stale survives. Reading tens of thousands of elements
+// back (or letting nft load them, which `nft -f` and `nft list` do)
+// costs the kernel seconds; writing them costs less than one. Chains and
+// sets are listed through netlink for the same reason.
 //
 // Every Apply is one netlink transaction (plus, only when a member count
 // first appears or last disappears, one nft -f transaction for its pick
