@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"kurma.dev/kurma/internal/agent/lbpath"
@@ -65,30 +66,36 @@ func (a *Agent) checkLBs(ctx context.Context) error {
 	err := ch.Check(ctx)
 	if errors.Is(err, lbpath.ErrDrift) {
 		a.log.Warn("load-balancer table drifted; full sync", "err", err)
-		a.mu.Lock()
+		a.lb.mu.Lock()
 		a.lb.full = true
-		a.mu.Unlock()
+		a.lb.mu.Unlock()
 		a.q.Add(lbKey)
 		return nil
 	}
 	return err
 }
 
-// lbCache is the agent's copy of every load balancer and floating IP, and
-// what it last programmed. Guarded by Agent.mu.
+// lbCache is the agent's copy of every load balancer and floating IP, what
+// it last programmed, and what it last saw of the ports and VPCs (which
+// decide what this host programs). mu guards every field; it is never
+// held across a datapath call, nor while another of the agent's locks is
+// taken.
 type lbCache struct {
+	mu        sync.Mutex
 	lbs       map[string]*lbRec
 	fips      map[string]*controllerapi.FloatingIP
 	dirtyLB   map[string]bool
 	dirtyFIP  map[string]bool
-	full      bool                  // the next sync is a full Sync
-	progLB    map[string]bool       // load balancers programmed here
-	progFIP   map[string]lbpath.FIP // floating IPs programmed here, as programmed
-	localVNIs map[uint32]string     // VPCs with a local port at the last sync: their gateways
+	full      bool                       // the next sync is a full Sync
+	progLB    map[string]bool            // load balancers programmed here
+	progFIP   map[string]lbpath.FIP      // floating IPs programmed here, as programmed
+	localVNIs map[uint32]string          // VPCs with a local port at the last sync: their gateways
+	localGWs  map[uint32]map[string]bool // the same VPCs' gateway sets
+	local     map[string]bool            // local ports at the last sync
 }
 
-func newLBCache() lbCache {
-	return lbCache{lbs: map[string]*lbRec{}, fips: map[string]*controllerapi.FloatingIP{},
+func newLBCache() *lbCache {
+	return &lbCache{lbs: map[string]*lbRec{}, fips: map[string]*controllerapi.FloatingIP{},
 		dirtyLB: map[string]bool{}, dirtyFIP: map[string]bool{}, full: true,
 		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{}}
 }
@@ -194,9 +201,9 @@ func (a *Agent) watchLBs(ctx context.Context) {
 			return w.WatchLoadBalancers(ctx, 0)
 		},
 		apply: func(ev controllerapi.Event, listing bool) string {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			c := &a.lb
+			c := a.lb
+			c.mu.Lock()
+			defer c.mu.Unlock()
 			switch {
 			case ev.LoadBalancer != nil && ev.LoadBalancer.ID != "":
 				l := ev.LoadBalancer
@@ -239,8 +246,8 @@ func (a *Agent) watchLBs(ctx context.Context) {
 			return ""
 		},
 		listed: func(_ context.Context, seen map[string]bool) {
-			a.mu.Lock()
-			c := &a.lb
+			c := a.lb
+			c.mu.Lock()
 			for id := range c.lbs {
 				if !seen["lb:"+id] {
 					delete(c.lbs, id)
@@ -252,7 +259,7 @@ func (a *Agent) watchLBs(ctx context.Context) {
 				}
 			}
 			c.full = true
-			a.mu.Unlock()
+			c.mu.Unlock()
 			a.q.Add(lbKey)
 		},
 	})
@@ -263,14 +270,15 @@ func (a *Agent) watchLBs(ctx context.Context) {
 // removes whatever a previous run left and the controller no longer has).
 func (a *Agent) syncLBs(ctx context.Context) error {
 	bn := a.dp.(bridgeNamer)
-	a.mu.Lock()
-	c := &a.lb
+	ports, vnis := a.ports.localIDs()
+	gws := a.vpcs.gatewaySets(vnis)
 	local := map[uint32]string{}
-	for _, p := range a.ports {
-		if a.isLocal(p) && p.VNI != 0 {
-			local[p.VNI] = gatewayKey(a.gateways[p.VNI])
-		}
+	for vni := range vnis {
+		local[vni] = gatewayKey(gws[vni])
 	}
+	c := a.lb
+	c.mu.Lock()
+	c.local, c.localGWs = ports, gws
 	if !maps.Equal(local, c.localVNIs) {
 		for id, l := range c.lbs {
 			old, was := c.localVNIs[l.vni]
@@ -345,7 +353,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	clear(c.dirtyLB)
 	clear(c.dirtyFIP)
 	c.full = false
-	a.mu.Unlock()
+	c.mu.Unlock()
 
 	var err error
 	switch {
@@ -354,15 +362,15 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	case len(ch.LBs)+len(ch.DeleteLBs)+len(ch.FIPs)+len(ch.DeleteFIP) > 0:
 		err = a.cfg.LB.Apply(ctx, ch)
 	}
-	a.mu.Lock()
+	c.mu.Lock()
 	if err != nil {
 		// What was applied is unknown: the retry converges from the kernel.
 		c.full = true
-		a.mu.Unlock()
+		c.mu.Unlock()
 		return fmt.Errorf("load balancers: %w", err)
 	}
 	c.progLB, c.progFIP = progLB, progFIP
-	a.mu.Unlock()
+	c.mu.Unlock()
 	a.hc.apply()
 	if full {
 		a.log.Info("load balancers synced", "lbs", len(st.LBs), "fips", len(st.FIPs))
@@ -378,7 +386,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 // lbSpecLocked converts a load balancer this host must program: one of a
 // VPC with a local port (its VIP answers on the VPC's bridge), or one
 // with host-level frontends. The spec shares the record's slices (the
-// datapath copies what it keeps). Callers hold a.mu.
+// datapath copies what it keeps). Callers hold a.lb.mu.
 func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
 	_, local := a.lb.localVNIs[l.vni]
 	if !l.vip.Is4() || !local && !l.hostLevel() {
@@ -390,7 +398,7 @@ func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
 	if local {
 		spec.Iface = bn.BridgeName(l.vni)
 		// A VIP inside a subnet of this host's bridge is ARPed for by its pods.
-		for gw := range a.gateways[l.vni] {
+		for gw := range a.lb.localGWs[l.vni] {
 			if pfx, err := netip.ParsePrefix(gw); err == nil && pfx.Masked().Contains(l.vip) {
 				spec.OnLink = true
 			}
@@ -404,7 +412,7 @@ func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
 
 // fipSpecLocked converts a floating IP this host must answer for: one
 // associated with a local port, or with a load balancer programmed here.
-// Callers hold a.mu.
+// Callers hold a.lb.mu.
 func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpath.FIP, bool) {
 	addr, err := netip.ParseAddr(f.FloatingIPAddress)
 	if err != nil || !addr.Is4() {
@@ -413,8 +421,7 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 	spec := lbpath.FIP{ID: f.ID, Addr: addr}
 	switch {
 	case f.PortID != "":
-		p := a.ports[f.PortID]
-		if p == nil || !a.isLocal(p) {
+		if !a.lb.local[f.PortID] {
 			return lbpath.FIP{}, false
 		}
 		fixed, err := netip.ParseAddr(f.FixedIPAddress)
