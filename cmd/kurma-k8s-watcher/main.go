@@ -32,8 +32,8 @@ import (
 
 	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
-	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/internal/kube/podports"
+	"kurma.dev/kurma/internal/kube/services"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
