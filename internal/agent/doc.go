@@ -54,8 +54,9 @@
 // places it (Agent.place). Load balancers and floating IPs (lb.go): their
 // cache and what was programmed, with a snapshot of the local ports and
 // VPCs taken at each sync. No lock is held across a network or netlink
-// call, and none is taken while another is held (the VPC locks aside,
-// which order datapath work). The ADD path reads top to bottom in
+// call, and none is taken while another is held, but for two: a VPC lock
+// is held across that VPC's datapath work (it orders it), and the health
+// checks' lock (healthcheck.go) is taken under the load balancers'. The ADD path reads top to bottom in
 // port.go (syncPort). Datapath link events (a host end vanishing with its
 // namespace) only enqueue keys.
 //
