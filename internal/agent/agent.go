@@ -80,8 +80,8 @@ type Config struct {
 // New and call Run once.
 //
 // Its state is split by what it reconciles, each part with its own lock
-// (none held across a network or netlink call, none taken inside
-// another) and its own queue keys:
+// (none held across a network or netlink call; doc.go says which nest)
+// and its own queue keys:
 //
 //   - ports and VPCs (keys "p/<id>", "v/<vni>", "g/"): the controller's
 //     view in ports (cache.go), what was programmed per VPC in vpcs
