@@ -84,9 +84,10 @@ type Config struct {
 type Path struct {
 	cfg    Config
 	log    *slog.Logger
-	nft    knftables.Interface // skeleton and pick chains, through nft -f
-	conn   *nfthost.Conn       // elements, through netlink
-	nlh    *netlink.Handle     // FIP routes
+	nft    knftables.Interface   // skeleton and pick chains, through nft -f
+	conn   *nfthost.Conn         // elements, through netlink
+	w      nfthost.ElementWriter // writes elements: conn (tests: a nfthost.Recorder)
+	nlh    *netlink.Handle       // FIP routes
 	tbl    *nftables.Table
 	sets   [numSets]*nftables.Set
 	affSet *nftables.Set
@@ -199,11 +200,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if (cfg.Egress || cfg.NodeIP.IsValid()) && !validGlob(cfg.BridgeGlob) {
 		return nil, kerrors.New(kerrors.Invalid, "lbpath: bridge glob %q: want a name prefix ending in '*'", cfg.BridgeGlob)
 	}
-	p := &Path{cfg: cfg, log: cfg.Logger,
-		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
-		owned: [2]map[string][]elem{{}, {}}, els: map[elem]slot{},
-		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
-		affPurge: map[string]bool{}}
+	p := barePath(cfg)
 	nsPath := cfg.HostNS
 	if nsPath == "" {
 		nsPath = "/proc/self/ns/net"
@@ -217,7 +214,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
 	}
-	p.conn = conn
+	p.conn, p.w = conn, conn
 	nsh, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
@@ -260,6 +257,15 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// barePath is a Path without handles (New adds them).
+func barePath(cfg Config) *Path {
+	return &Path{cfg: cfg, log: cfg.Logger,
+		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
+		owned: [2]map[string][]elem{{}, {}}, els: map[elem]slot{},
+		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
+		affPurge: map[string]bool{}}
 }
 
 // Close releases the handles; the kernel state stays.
