@@ -182,7 +182,7 @@ image:
 HOST_PKGS := kurma.dev/kurma/internal/pod kurma.dev/kurma/internal/network/manager \
 	kurma.dev/kurma/test/e2e kurma.dev/kurma/test/cniconformance \
 	kurma.dev/kurma/internal/testutil/kubecluster kurma.dev/kurma/internal/kube/services \
-	kurma.dev/kurma/internal/kube/watcher kurma.dev/kurma/internal/kube/cnid \
+	kurma.dev/kurma/internal/kube/podports kurma.dev/kurma/internal/kube/cnid \
 	kurma.dev/kurma/deploy/kubernetes kurma.dev/kurma/test/k8se2e kurma.dev/kurma/test/k8sservices \
 	kurma.dev/kurma/test/k8sinstall kurma.dev/kurma/test/k8snetpol kurma.dev/kurma/test/conformance
 # The host is snapshotted before the tests and compared after them

@@ -150,6 +150,10 @@ type figures struct {
 	deleteAll    time.Duration      // delete of all → none left
 	sandboxTries int                // ADD calls per pod, on average ×100
 	phases       [2]map[string]hist // setup.Metrics before and after the burst
+	// cpu is the CPU seconds per 100 pods each of the cluster's processes
+	// (and what it ran: containerd's CNI plugins) used from the first
+	// create to all Running (cpu.go).
+	cpu map[string]float64
 }
 
 func main() {
@@ -231,6 +235,17 @@ func summarize(list []string, results []figures) {
 		}
 		fmt.Printf("%-8s all Running median %.2f s (rounds: %s s); ADD of all rounds (%d) p50 %.0f ms, p90 %.0f ms, p99 %.0f ms\n",
 			name, pct(all, 50).Seconds(), strings.Join(each, " / "), len(add), ms(pct(add, 50)), ms(pct(add, 90)), ms(pct(add, 99)))
+		// CPU seconds per 100 pods, median over the rounds per process.
+		med := map[string]float64{}
+		for proc := range by[name][0].cpu {
+			var xs []float64
+			for _, r := range by[name] {
+				xs = append(xs, r.cpu[proc])
+			}
+			slices.Sort(xs)
+			med[proc] = xs[len(xs)/2]
+		}
+		fmt.Printf("%-8s CPU s per 100 pods (medians): %s\n", name, formatCPU(med))
 	}
 	peer := by[order[0]]
 	for _, name := range order[1:] {
@@ -324,6 +339,7 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 		return r, err
 	}
 	created := make([]time.Time, n)
+	cpu0 := sampleCPU(c)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -349,6 +365,7 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 	case <-ctx.Done():
 		return r, fmt.Errorf("%d/%d Running: %w", seen.count(), n, ctx.Err())
 	}
+	r.cpu = cpuDelta(cpu0, sampleCPU(c), n)
 	stopWatch()
 	running := seen.snapshot()
 	var last time.Time
@@ -610,6 +627,7 @@ func report(name string, n int, r figures) {
 	fmt.Printf("  CNI ADD under load (%d ok, %d failed, %.2f per pod): p50 %s, p90 %s, p99 %s, max %s\n",
 		len(r.add), r.addFailed, float64(r.sandboxTries)/100, ms(pct(r.add, 50)), ms(pct(r.add, 90)),
 		ms(pct(r.add, 99)), ms(pct(r.add, 100)))
+	fmt.Printf("  CPU s per 100 pods, first create → all Running: %s\n", formatCPU(r.cpu))
 	if r.phases[1] != nil {
 		printPhases(r.phases[0], r.phases[1])
 	}

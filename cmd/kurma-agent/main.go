@@ -29,6 +29,7 @@ import (
 	"kurma.dev/kurma/internal/agent"
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/internal/agent/lbpath"
+	"kurma.dev/kurma/internal/agent/nfthost"
 	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
@@ -38,10 +39,6 @@ import (
 	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
-
-// natAcceptMark is the packet-mark bit the load-balancer datapath sets on
-// its NATed flows and the VPC isolation lets through.
-const natAcceptMark = 0x00200000
 
 func main() {
 	if err := run(); err != nil {
@@ -175,7 +172,7 @@ func run() error {
 	}
 	dp, err := datapath.New(ctx, datapath.Config{
 		Prefix: *prefix, UnderlayIP: ip, UnderlayDev: *underlayDev, MTU: *mtu,
-		NFTTable: *nftTable, Forwarding: *forwarding, AcceptMark: natAcceptMark, Logger: log,
+		NFTTable: *nftTable, Forwarding: *forwarding, AcceptMark: nfthost.AcceptMark, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -186,7 +183,7 @@ func run() error {
 		if *lbTable == "" {
 			*lbTable = *nftTable
 		}
-		cfg := lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: natAcceptMark, Logger: log,
+		cfg := lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: nfthost.AcceptMark, Logger: log,
 			BridgeGlob: dp.BridgeGlob(), Egress: *egress}
 		if cfg.NodeIP, err = netip.ParseAddr(*nodeIP); err != nil {
 			return fmt.Errorf("--node-ip %q: want an IPv4 address", *nodeIP)

@@ -1,5 +1,5 @@
 // Command kurma-k8s-watcher turns Kubernetes pods into Kurma controller
-// ports (see internal/kube/watcher): one subnet per namespace, one port
+// ports (see internal/kube/podports): one subnet per namespace, one port
 // per scheduled pod, its details in the pod's kurma.dev/pod-networks
 // annotation. Run two replicas with --leader-elect; only the lease holder
 // writes.
@@ -32,8 +32,8 @@ import (
 
 	"kurma.dev/kurma/internal/debugpprof"
 	"kurma.dev/kurma/internal/gcflag"
+	"kurma.dev/kurma/internal/kube/podports"
 	"kurma.dev/kurma/internal/kube/services"
-	"kurma.dev/kurma/internal/kube/watcher"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
@@ -116,7 +116,7 @@ func run() error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg := watcher.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, Pool: pfx,
+	cfg := podports.Config{Kube: kc, Controller: ctl, Project: *project, VPC: *vpc, Pool: pfx,
 		SubnetBits: *subnetBits, Workers: *workers, Resync: *resync, Metrics: reg, Logger: log,
 		FullPods: *fullPods}
 	if *leaderElect {
@@ -130,10 +130,10 @@ func run() error {
 			}
 		}
 		d := *leaseDuration
-		cfg.Lease = &watcher.Lease{Namespace: *leaseNS, Name: *leaseName, Identity: id,
+		cfg.Lease = &podports.Lease{Namespace: *leaseNS, Name: *leaseName, Identity: id,
 			Duration: d, RenewDeadline: d * 2 / 3, RetryPeriod: max(d/6, time.Second)}
 	}
-	w, err := watcher.New(cfg)
+	w, err := podports.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -78,6 +78,18 @@ type Config struct {
 
 // Agent reconciles this host's datapath with the controller. Build it with
 // New and call Run once.
+//
+// Its state is split by what it reconciles, each part with its own lock
+// (none held across a network or netlink call; doc.go says which nest)
+// and its own queue keys:
+//
+//   - ports and VPCs (keys "p/<id>", "v/<vni>", "g/"): the controller's
+//     view in ports (cache.go), what was programmed per VPC in vpcs
+//     (vpc.go); syncPort (port.go) and syncVPC;
+//   - local attachments (Kubernetes: where a port goes, who waits on its
+//     plug) in att (attach.go), read by syncPort;
+//   - load balancers and floating IPs (keys "l/", "L/") in lb and hc
+//     (lb.go, healthcheck.go).
 type Agent struct {
 	cfg Config
 	dp  datapath.Interface
@@ -86,26 +98,11 @@ type Agent struct {
 	q   *queue
 	m   *metrics // nil without Config.Metrics
 
-	mu         sync.Mutex                       // guards ports, hosts, subnets, ready, gateways, empty, synced, lb, attach, waiters, awaiting, unreported
-	attach     map[string]Attachment            // local attachments by port id (LocalAttach)
-	waiters    map[string][]chan plugResult     // callers of Attach/Detach by port id
-	awaiting   map[string]time.Time             // Attach calls waiting for their port to arrive, since when
-	unreported map[string]string                // ports an urgent sync plugged, by namespace: their status report follows
-	ports      map[string]*controllerapi.Port   // this host's ports and the other ports of its VPCs, by id
-	hosts      map[string]net.IP                // underlay address by host id
-	subnets    map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
-	ready      map[uint32]bool                  // VPCs whose remotes are programmed
-	gateways   map[uint32]map[string]bool       // gateways each VPC was last ensured with
-	empty      map[uint32]time.Time             // when a VPC was first seen without local ports (linger)
-	synced     chan struct{}                    // closed after the first port list
-	hostsSeen  chan struct{}                    // closed after the first host list
-	lbsSeen    chan struct{}                    // closed after the first load balancer list
-	lbsDone    chan struct{}                    // closed after the first full load balancer sync
-	lb         lbCache                          // load balancers and floating IPs
-	hc         *healthChecks                    // health check node ports (its own lock)
-
-	vpcMu    sync.Mutex               // guards vpcLocks
-	vpcLocks map[uint32]*sync.RWMutex // one per VNI: shared by plugs, exclusive for VPC changes
+	ports *portCache
+	vpcs  *vpcState
+	att   *attachments
+	lb    *lbCache
+	hc    *healthChecks // health check node ports
 }
 
 // New checks cfg and returns an agent.
@@ -138,46 +135,21 @@ func New(cfg Config) (*Agent, error) {
 	return &Agent{
 		cfg: cfg, dp: cfg.Datapath, c: cfg.Controller, log: cfg.Logger,
 		q: q, m: newMetrics(cfg.Metrics, q),
-		ports: map[string]*controllerapi.Port{}, hosts: map[string]net.IP{},
-		subnets: map[string]*controllerapi.Subnet{}, ready: map[uint32]bool{},
-		gateways: map[uint32]map[string]bool{}, empty: map[uint32]time.Time{},
-		synced: make(chan struct{}), vpcLocks: map[uint32]*sync.RWMutex{},
-		hostsSeen: make(chan struct{}), lbsSeen: make(chan struct{}), lbsDone: make(chan struct{}),
+		ports: newPortCache(cfg.HostID), vpcs: newVPCState(), att: newAttachments(),
 		lb: newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
-		attach: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}, unreported: map[string]string{},
 	}, nil
-}
-
-func (a *Agent) isSynced() bool { return isClosed(a.synced) }
-
-// isClosed reports whether ch is closed.
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
-// closeOnce closes ch unless it is closed; callers hold a.mu (or are the
-// only closer).
-func closeOnce(ch chan struct{}) {
-	if !isClosed(ch) {
-		close(ch)
-	}
 }
 
 // Synced is closed once the agent has listed its ports and queued the
 // first full sync.
-func (a *Agent) Synced() <-chan struct{} { return a.synced }
+func (a *Agent) Synced() <-chan struct{} { return a.ports.synced }
 
 // Programmed reports whether the agent has listed its ports, every host
 // and (when it programs them) every load balancer, and has programmed
 // the load balancers once: from then on the kernel holds the
 // controller's state (readiness).
 func (a *Agent) Programmed() bool {
-	return a.isSynced() && isClosed(a.hostsSeen) && (!a.lbEnabled() || isClosed(a.lbsDone))
+	return a.ports.isSynced() && a.ports.hostsListed() && (!a.lbEnabled() || a.lb.programmed())
 }
 
 // Run registers the host, then watches and reconciles until ctx ends. It
@@ -303,12 +275,12 @@ func (a *Agent) sync(ctx context.Context, key string, urgent bool) error {
 		// seen yet: a restarted agent would remove load balancers from
 		// the kernel and add them back (the listing that completes last
 		// queues it again).
-		if !a.isSynced() || !isClosed(a.lbsSeen) {
+		if !a.ports.isSynced() || !a.lb.listed() {
 			return nil
 		}
 		return a.syncLBs(ctx)
 	case "L":
-		if !a.isSynced() || !isClosed(a.lbsSeen) {
+		if !a.ports.isSynced() || !a.lb.listed() {
 			return nil
 		}
 		return a.checkLBs(ctx)
@@ -317,7 +289,7 @@ func (a *Agent) sync(ctx context.Context, key string, urgent bool) error {
 		if err != nil {
 			return nil // not a key we make
 		}
-		if !isClosed(a.hostsSeen) {
+		if !a.ports.hostsListed() {
 			// A remote port whose host is not known yet would lose its
 			// entries until the host listing brings them back; that
 			// listing queues the VPCs again.
@@ -333,42 +305,22 @@ func portKey(id string) string { return "p/" + id }
 // guardsKey is the one key for all port guards: they are one nft table.
 const guardsKey = "g/"
 
-func vpcKey(vni uint32) string                      { return "v/" + strconv.FormatUint(uint64(vni), 10) }
-func (a *Agent) isLocal(p *controllerapi.Port) bool { return p.BindingHostID == a.cfg.HostID }
-
-// vpcLock returns the mutex that serialises work on one VPC.
-func (a *Agent) vpcLock(vni uint32) *sync.RWMutex {
-	a.vpcMu.Lock()
-	defer a.vpcMu.Unlock()
-	m := a.vpcLocks[vni]
-	if m == nil {
-		m = &sync.RWMutex{}
-		a.vpcLocks[vni] = m
-	}
-	return m
-}
+func vpcKey(vni uint32) string { return "v/" + strconv.FormatUint(uint64(vni), 10) }
 
 // resync enqueues every local port, every VPC with local ports, and every
 // port and VPC the datapath owns (orphans are removed by their sync).
 func (a *Agent) resync(ctx context.Context) {
-	if !a.isSynced() {
+	if !a.ports.isSynced() {
 		return // until the first list, the cache cannot tell orphans
 	}
-	a.mu.Lock()
-	keys := []string{guardsKey}
+	a.q.Add(guardsKey)
 	if a.lbEnabled() {
-		keys = append(keys, lbKey, lbCheckKey)
+		a.q.Add(lbKey)
+		a.q.Add(lbCheckKey)
 	}
-	vnis := map[uint32]bool{}
-	for id, p := range a.ports {
-		if a.isLocal(p) {
-			keys = append(keys, portKey(id))
-			vnis[p.VNI] = true
-		}
-	}
-	a.mu.Unlock()
-	for _, k := range keys {
-		a.q.Add(k)
+	ids, vnis := a.ports.localIDs()
+	for id := range ids {
+		a.q.Add(portKey(id))
 	}
 	for vni := range vnis {
 		a.q.Add(vpcKey(vni))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -45,45 +46,130 @@ type plugResult struct {
 	err     error
 }
 
-// withAttachmentLocked fills the network namespace and interface name of
-// a local port that has none from its attachment. An attachment that
-// names another device than the port's is dropped, and returned as an
-// error for its waiters (notify, once a.mu is released). Callers hold
-// a.mu.
-func (a *Agent) withAttachmentLocked(p *controllerapi.Port) error {
-	if netnsOf(p) != "" || !a.isLocal(p) {
-		return nil
-	}
-	at, ok := a.attach[p.ID]
-	if !ok {
-		return nil
-	}
-	if err := at.owns(p); err != nil {
-		delete(a.attach, p.ID)
-		return err
-	}
-	p.NetworkNS, p.VethName = at.NetNS, at.IfName
-	return nil
+// attachments is where the CNI daemon said local ports go (LocalAttach),
+// and who waits on their plugs. mu guards the maps only; it is never held
+// across a sync, nor while another of the agent's locks is taken.
+type attachments struct {
+	mu       sync.Mutex
+	byPort   map[string]Attachment        // by port id
+	waiters  map[string][]chan plugResult // callers of Attach/Detach by port id
+	awaiting map[string]time.Time         // Attach calls waiting for their port to arrive, since when
 }
 
-// unattached reports whether a local port waits for an attachment: the
-// agent runs with Config.LocalAttach and neither the controller nor an
-// attachment says where the port goes.
-func (a *Agent) unattached(p *controllerapi.Port) bool {
-	return a.cfg.LocalAttach && netnsOf(p) == ""
+func newAttachments() *attachments {
+	return &attachments{byPort: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}}
+}
+
+func (t *attachments) get(portID string) (Attachment, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.byPort[portID]
+	return at, ok
+}
+
+// fill sets the namespace and interface name of a port that has none
+// from its attachment (with localAttach only), when the attachment is
+// the port's own. It reports whether the port has a place.
+func (t *attachments) fill(p *controllerapi.Port, localAttach bool) bool {
+	if !localAttach || netnsOf(p) != "" {
+		return true
+	}
+	at, ok := t.get(p.ID)
+	if !ok || at.owns(p) != nil {
+		return false
+	}
+	p.NetworkNS, p.VethName = at.NetNS, at.IfName
+	return true
+}
+
+// drop forgets an attachment if it is still at.
+func (t *attachments) drop(portID string, at Attachment) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.byPort[portID]; ok && cur == at {
+		delete(t.byPort, portID)
+	}
+}
+
+// arrived ends the wait of an Attach for its port (the first of the
+// port's arrival and Attach's own look at the cache) and returns how long
+// it waited (ok false: no wait to end).
+func (t *attachments) arrived(portID string) (time.Duration, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	since, ok := t.awaiting[portID]
+	delete(t.awaiting, portID)
+	return time.Since(since), ok
+}
+
+func (t *attachments) addWaiter(portID string, ch chan plugResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.waiters[portID] = append(t.waiters[portID], ch)
+}
+
+func (t *attachments) dropWaiter(portID string, ch chan plugResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ws := t.waiters[portID]
+	for i, w := range ws {
+		if w == ch {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(t.waiters, portID)
+	} else {
+		t.waiters[portID] = ws
+	}
+}
+
+// notify hands a port's sync outcome to everyone waiting on it.
+func (t *attachments) notify(portID string, r plugResult) {
+	t.mu.Lock()
+	ws := t.waiters[portID]
+	delete(t.waiters, portID)
+	t.mu.Unlock()
+	for _, w := range ws {
+		w <- r // buffered, one result per registration
+	}
+}
+
+// notifyDetached tells the waiting callers of Detach (only) that a port
+// the agent no longer knows is unplugged; an Attach keeps waiting for the
+// port to arrive.
+func (t *attachments) notifyDetached(portID string, err error) {
+	if _, attached := t.get(portID); !attached {
+		t.notify(portID, plugResult{err: err})
+	}
+}
+
+// place fills the namespace of a local port from its attachment (see
+// attachments.fill) and reports whether the port has a place to be
+// plugged. An attachment that names another device than the port's
+// record is dropped, and its waiters get the error.
+func (a *Agent) place(p *controllerapi.Port) bool {
+	if a.att.fill(p, a.cfg.LocalAttach) {
+		return true
+	}
+	if at, ok := a.att.get(p.ID); ok {
+		if err := at.owns(p); err != nil {
+			a.att.drop(p.ID, at)
+			a.log.Warn("attachment refused", "port", p.ID, "err", err)
+			a.att.notify(p.ID, plugResult{err: err})
+		}
+	}
+	return false
 }
 
 // Restore records an attachment without waiting (the CNI daemon replays
-// its saved attachments before Run after a restart).
+// its saved attachments before Run after a restart). The port's sync
+// checks it against the port's record.
 func (a *Agent) Restore(portID string, at Attachment) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.attach[portID] = at
-	if p := a.ports[portID]; p != nil {
-		if err := a.withAttachmentLocked(p); err != nil {
-			a.log.Warn("restored attachment refused", "port", portID, "err", err)
-		}
-	}
+	a.att.mu.Lock()
+	defer a.att.mu.Unlock()
+	a.att.byPort[portID] = at
 }
 
 // Attach records where a port goes and waits until the agent has plugged
@@ -100,50 +186,46 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 		return controllerapi.Port{}, kerrors.New(kerrors.Invalid, "attach port %s: want an absolute netns path and an interface name", portID)
 	}
 	start := time.Now()
+	if p, ok := a.ports.get(portID); ok {
+		if err := at.owns(&p); err != nil {
+			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w", portID, err)
+		}
+	}
 	ch := make(chan plugResult, 1)
-	a.mu.Lock()
+	t := a.att
+	t.mu.Lock()
 	for {
-		old, ok := a.attach[portID]
+		old, ok := t.byPort[portID]
 		if !ok || old.NetNS == at.NetNS {
 			break
 		}
-		a.mu.Unlock() // no file calls under a.mu
+		t.mu.Unlock() // no file calls under the lock
 		gone, _ := netnsGone(old.NetNS)
 		if !gone {
 			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w (%w): attached to %s, which still exists", portID, ErrNotOwned, kerrors.Conflict, old.NetNS)
 		}
-		a.mu.Lock()
-		if cur, ok := a.attach[portID]; ok && cur == old {
+		t.mu.Lock()
+		if cur, ok := t.byPort[portID]; ok && cur == old {
 			break // gone: the new sandbox takes the port
 		}
 	}
-	if p := a.ports[portID]; p != nil {
-		if err := at.owns(p); err != nil {
-			a.mu.Unlock()
-			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w", portID, err)
+	t.byPort[portID] = at
+	if _, ok := t.awaiting[portID]; !ok {
+		t.awaiting[portID] = start // ended by the port's arrival, or just below
+	}
+	t.waiters[portID] = append(t.waiters[portID], ch)
+	t.mu.Unlock()
+	if _, ok := a.ports.get(portID); ok {
+		if _, ok := t.arrived(portID); ok {
+			a.m.observeAttach("port_wait", 0)
 		}
 	}
-	a.attach[portID] = at
-	if p := a.ports[portID]; p != nil {
-		if a.isLocal(p) {
-			p.NetworkNS, p.VethName = at.NetNS, at.IfName
-		}
-		a.m.observeAttach("port_wait", 0)
-	} else if _, ok := a.awaiting[portID]; !ok {
-		a.awaiting[portID] = start // upsertPort observes the wait
-	}
-	a.waiters[portID] = append(a.waiters[portID], ch)
-	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		delete(a.awaiting, portID)
-		a.mu.Unlock()
-	}()
+	defer t.arrived(portID)
 	a.q.AddUrgent(portKey(portID)) // a CNI ADD or DEL waits on it
 	for {
 		select {
 		case <-ctx.Done():
-			a.dropWaiter(portID, ch)
+			t.dropWaiter(portID, ch)
 			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w", portID, ctx.Err())
 		case r := <-ch:
 			if r.err != nil {
@@ -151,13 +233,12 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 			}
 			if r.plugged {
 				a.m.observeAttach("plugged", time.Since(start))
-				p, _ := a.cachedPort(portID)
+				p, _ := a.ports.get(portID)
+				a.att.fill(&p, a.cfg.LocalAttach)
 				return p, nil
 			}
 			// An unplug (e.g. a sync queued before this attach): wait on.
-			a.mu.Lock()
-			a.waiters[portID] = append(a.waiters[portID], ch)
-			a.mu.Unlock()
+			t.addWaiter(portID, ch)
 		}
 	}
 }
@@ -166,25 +247,22 @@ func (a *Agent) Attach(ctx context.Context, portID string, at Attachment) (contr
 // unplugged it. Detaching a port that is not attached is not an error.
 func (a *Agent) Detach(ctx context.Context, portID string) error {
 	select {
-	case <-a.synced:
+	case <-a.ports.synced:
 	case <-ctx.Done():
 		return fmt.Errorf("detach port %s: waiting for the first port list: %w", portID, ctx.Err())
 	}
 	ch := make(chan plugResult, 1)
-	a.mu.Lock()
-	delete(a.attach, portID)
-	if p := a.ports[portID]; p != nil && a.cfg.LocalAttach {
-		// The controller's copy has no namespace; forget the attachment's.
-		p.NetworkNS, p.VethNamespace, p.VethName = "", "", ""
-	}
-	a.waiters[portID] = append(a.waiters[portID], ch)
-	a.mu.Unlock()
+	t := a.att
+	t.mu.Lock()
+	delete(t.byPort, portID)
+	t.waiters[portID] = append(t.waiters[portID], ch)
+	t.mu.Unlock()
 	a.q.AddUrgent(portKey(portID)) // a CNI ADD or DEL waits on it
 	retried := false
 	for {
 		select {
 		case <-ctx.Done():
-			a.dropWaiter(portID, ch)
+			t.dropWaiter(portID, ch)
 			return fmt.Errorf("detach port %s: %w", portID, ctx.Err())
 		case r := <-ch:
 			if r.err != nil && !retried {
@@ -193,9 +271,7 @@ func (a *Agent) Detach(ctx context.Context, portID string) error {
 				// the queue runs the key again after it, and that sync's
 				// outcome is the one that answers this Detach.
 				retried = true
-				a.mu.Lock()
-				a.waiters[portID] = append(a.waiters[portID], ch)
-				a.mu.Unlock()
+				t.addWaiter(portID, ch)
 				a.q.AddUrgent(portKey(portID))
 				continue
 			}
@@ -205,49 +281,7 @@ func (a *Agent) Detach(ctx context.Context, portID string) error {
 			if !r.plugged {
 				return nil
 			}
-			a.mu.Lock()
-			a.waiters[portID] = append(a.waiters[portID], ch)
-			a.mu.Unlock()
+			t.addWaiter(portID, ch)
 		}
-	}
-}
-
-func (a *Agent) dropWaiter(portID string, ch chan plugResult) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	ws := a.waiters[portID]
-	for i, w := range ws {
-		if w == ch {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
-		}
-	}
-	if len(ws) == 0 {
-		delete(a.waiters, portID)
-	} else {
-		a.waiters[portID] = ws
-	}
-}
-
-// notify hands a port's sync outcome to everyone waiting on it.
-func (a *Agent) notify(portID string, r plugResult) {
-	a.mu.Lock()
-	ws := a.waiters[portID]
-	delete(a.waiters, portID)
-	a.mu.Unlock()
-	for _, w := range ws {
-		w <- r // buffered, one result per registration
-	}
-}
-
-// notifyDetached tells the waiting callers of Detach (only) that a port
-// the agent no longer knows is unplugged; an Attach keeps waiting for the
-// port to arrive.
-func (a *Agent) notifyDetached(portID string, err error) {
-	a.mu.Lock()
-	_, attached := a.attach[portID]
-	a.mu.Unlock()
-	if !attached {
-		a.notify(portID, plugResult{err: err})
 	}
 }

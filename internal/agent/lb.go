@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"kurma.dev/kurma/internal/agent/lbpath"
@@ -65,18 +66,22 @@ func (a *Agent) checkLBs(ctx context.Context) error {
 	err := ch.Check(ctx)
 	if errors.Is(err, lbpath.ErrDrift) {
 		a.log.Warn("load-balancer table drifted; full sync", "err", err)
-		a.mu.Lock()
+		a.lb.mu.Lock()
 		a.lb.full = true
-		a.mu.Unlock()
+		a.lb.mu.Unlock()
 		a.q.Add(lbKey)
 		return nil
 	}
 	return err
 }
 
-// lbCache is the agent's copy of every load balancer and floating IP, and
-// what it last programmed. Guarded by Agent.mu.
+// lbCache is the agent's copy of every load balancer and floating IP, what
+// it last programmed, and what it last saw of the ports and VPCs (which
+// decide what this host programs). mu guards every field; it is never
+// held across a datapath call, nor while another of the agent's locks is
+// taken.
 type lbCache struct {
+	mu        sync.Mutex
 	lbs       map[string]*lbRec
 	fips      map[string]*controllerapi.FloatingIP
 	dirtyLB   map[string]bool
@@ -88,13 +93,23 @@ type lbCache struct {
 	// bridgeNets are the subnets each of those VPCs' bridge carries a
 	// gateway of (a VIP inside one is on-link).
 	bridgeNets map[uint32][]netip.Prefix
+	local      map[string]bool // local ports at the last sync
+
+	seen chan struct{} // closed after the first load balancer list
+	done chan struct{} // closed after the first full load balancer sync
 }
 
-func newLBCache() lbCache {
-	return lbCache{lbs: map[string]*lbRec{}, fips: map[string]*controllerapi.FloatingIP{},
+// listed reports whether the first load balancer listing is in.
+func (c *lbCache) listed() bool { return isClosed(c.seen) }
+
+// programmed reports whether the first full sync is done.
+func (c *lbCache) programmed() bool { return isClosed(c.done) }
+
+func newLBCache() *lbCache {
+	return &lbCache{lbs: map[string]*lbRec{}, fips: map[string]*controllerapi.FloatingIP{},
 		dirtyLB: map[string]bool{}, dirtyFIP: map[string]bool{}, full: true,
 		progLB: map[string]bool{}, progFIP: map[string]lbpath.FIP{}, localVNIs: map[uint32]string{},
-		bridgeNets: map[uint32][]netip.Prefix{}}
+		bridgeNets: map[uint32][]netip.Prefix{}, seen: make(chan struct{}), done: make(chan struct{})}
 }
 
 // lbRec is the agent's record of a load balancer: what it programs,
@@ -198,9 +213,9 @@ func (a *Agent) watchLBs(ctx context.Context) {
 			return w.WatchLoadBalancers(ctx, 0)
 		},
 		apply: func(ev controllerapi.Event, listing bool) string {
-			a.mu.Lock()
-			defer a.mu.Unlock()
-			c := &a.lb
+			c := a.lb
+			c.mu.Lock()
+			defer c.mu.Unlock()
 			switch {
 			case ev.LoadBalancer != nil && ev.LoadBalancer.ID != "":
 				l := ev.LoadBalancer
@@ -243,8 +258,8 @@ func (a *Agent) watchLBs(ctx context.Context) {
 			return ""
 		},
 		listed: func(_ context.Context, seen map[string]bool) {
-			a.mu.Lock()
-			c := &a.lb
+			c := a.lb
+			c.mu.Lock()
 			for id := range c.lbs {
 				if !seen["lb:"+id] {
 					delete(c.lbs, id)
@@ -256,8 +271,10 @@ func (a *Agent) watchLBs(ctx context.Context) {
 				}
 			}
 			c.full = true
-			closeOnce(a.lbsSeen)
-			a.mu.Unlock()
+			if !isClosed(c.seen) {
+				close(c.seen)
+			}
+			c.mu.Unlock()
 			a.q.Add(lbKey)
 		},
 	})
@@ -268,14 +285,15 @@ func (a *Agent) watchLBs(ctx context.Context) {
 // removes whatever a previous run left and the controller no longer has).
 func (a *Agent) syncLBs(ctx context.Context) error {
 	bn := a.dp.(bridgeNamer)
-	a.mu.Lock()
-	c := &a.lb
-	nets := a.bridgeNetsLocked()
+	ports, _ := a.ports.localIDs()
+	nets := a.ports.bridgeNets()
 	local := map[uint32]string{}
 	for vni, ps := range nets {
 		local[vni] = prefixKey(ps)
 	}
-	c.bridgeNets = nets
+	c := a.lb
+	c.mu.Lock()
+	c.local, c.bridgeNets = ports, nets
 	if !maps.Equal(local, c.localVNIs) {
 		for id, l := range c.lbs {
 			old, was := c.localVNIs[l.vni]
@@ -350,7 +368,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	clear(c.dirtyLB)
 	clear(c.dirtyFIP)
 	c.full = false
-	a.mu.Unlock()
+	c.mu.Unlock()
 
 	var err error
 	switch {
@@ -359,18 +377,18 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 	case len(ch.LBs)+len(ch.DeleteLBs)+len(ch.FIPs)+len(ch.DeleteFIP) > 0:
 		err = a.cfg.LB.Apply(ctx, ch)
 	}
-	a.mu.Lock()
+	c.mu.Lock()
 	if err != nil {
 		// What was applied is unknown: the retry converges from the kernel.
 		c.full = true
-		a.mu.Unlock()
+		c.mu.Unlock()
 		return fmt.Errorf("load balancers: %w", err)
 	}
 	c.progLB, c.progFIP = progLB, progFIP
-	if full {
-		closeOnce(a.lbsDone)
+	if full && !isClosed(c.done) {
+		close(c.done)
 	}
-	a.mu.Unlock()
+	c.mu.Unlock()
 	a.hc.apply()
 	if full {
 		a.log.Info("load balancers synced", "lbs", len(st.LBs), "fips", len(st.FIPs))
@@ -386,7 +404,7 @@ func (a *Agent) syncLBs(ctx context.Context) error {
 // lbSpecLocked converts a load balancer this host must program: one of a
 // VPC with a local port (its VIP answers on the VPC's bridge), or one
 // with host-level frontends. The spec shares the record's slices (the
-// datapath copies what it keeps). Callers hold a.mu.
+// datapath copies what it keeps). Callers hold a.lb.mu.
 func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
 	_, local := a.lb.localVNIs[l.vni]
 	if !l.vip.Is4() || !local && !l.hostLevel() {
@@ -412,7 +430,7 @@ func (a *Agent) lbSpecLocked(l *lbRec, bn bridgeNamer) (lbpath.LB, bool) {
 
 // fipSpecLocked converts a floating IP this host must answer for: one
 // associated with a local port, or with a load balancer programmed here.
-// Callers hold a.mu.
+// Callers hold a.lb.mu.
 func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpath.FIP, bool) {
 	addr, err := netip.ParseAddr(f.FloatingIPAddress)
 	if err != nil || !addr.Is4() {
@@ -421,8 +439,7 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 	spec := lbpath.FIP{ID: f.ID, Addr: addr}
 	switch {
 	case f.PortID != "":
-		p := a.ports[f.PortID]
-		if p == nil || !a.isLocal(p) {
+		if !a.lb.local[f.PortID] {
 			return lbpath.FIP{}, false
 		}
 		fixed, err := netip.ParseAddr(f.FixedIPAddress)
@@ -443,41 +460,6 @@ func (a *Agent) fipSpecLocked(f *controllerapi.FloatingIP, bn bridgeNamer) (lbpa
 		return lbpath.FIP{}, false
 	}
 	return spec, spec.Validate() == nil
-}
-
-// bridgeNetsLocked returns, for each VPC with a local port, the subnets
-// whose gateway its bridge carries: those of its ports, local and remote,
-// as ensureVPC computes them, but from the cache alone, so that a
-// restarted agent finds a VIP on-link before its VPCs are ensured again
-// (its local route is never removed and added back). Callers hold a.mu.
-func (a *Agent) bridgeNetsLocked() map[uint32][]netip.Prefix {
-	out := map[uint32][]netip.Prefix{}
-	for _, p := range a.ports {
-		if a.isLocal(p) && p.VNI != 0 {
-			out[p.VNI] = nil
-		}
-	}
-	for _, p := range a.ports {
-		if _, ok := out[p.VNI]; !ok {
-			continue
-		}
-		for _, f := range p.FixedIPs {
-			if sn := a.subnets[f.SubnetID]; f.CIDR == "" && sn != nil {
-				f.CIDR, f.GatewayIP = sn.CIDR, sn.GatewayIP
-			}
-			pfx, err := netip.ParsePrefix(f.CIDR)
-			if err != nil || f.GatewayIP == "" {
-				continue
-			}
-			if pfx = pfx.Masked(); !slices.Contains(out[p.VNI], pfx) {
-				out[p.VNI] = append(out[p.VNI], pfx)
-			}
-		}
-	}
-	for _, ps := range out {
-		slices.SortFunc(ps, func(x, y netip.Prefix) int { return strings.Compare(x.String(), y.String()) })
-	}
-	return out
 }
 
 // prefixKey is a sorted prefix list as one comparable string.

@@ -44,13 +44,13 @@ type namer struct{ datapath.Interface }
 func (namer) BridgeName(vni uint32) string { return "kab" + string(rune('0'+vni%10)) }
 
 func lbAgent(rec *recLB) *Agent {
-	return &Agent{cfg: Config{HostID: "h1", LB: rec}, dp: namer{}, log: slog.Default(), hc: newHealthChecks("127.0.0.1", slog.Default()),
-		ports: map[string]*controllerapi.Port{
-			"p1": {ID: "p1", VNI: 7, BindingHostID: "h1", FixedIPs: []controllerapi.FixedIP{{IPAddress: "10.0.0.5", CIDR: "10.0.0.0/24", GatewayIP: "10.0.0.1"}}},
-			"p2": {ID: "p2", VNI: 8, BindingHostID: "h2"},
-		},
-		gateways: map[uint32]map[string]bool{7: {"10.0.0.1/24": true}},
-		lb:       newLBCache(), lbsDone: make(chan struct{})}
+	a := &Agent{cfg: Config{HostID: "h1", LB: rec}, dp: namer{}, log: slog.Default(), hc: newHealthChecks("127.0.0.1", slog.Default()),
+		ports: newPortCache("h1"), vpcs: newVPCState(), lb: newLBCache()}
+	a.ports.ports["p1"] = &controllerapi.Port{ID: "p1", VNI: 7, BindingHostID: "h1",
+		FixedIPs: []controllerapi.FixedIP{{IPAddress: "10.0.0.5", CIDR: "10.0.0.0/24", GatewayIP: "10.0.0.1"}}}
+	a.ports.ports["p2"] = &controllerapi.Port{ID: "p2", VNI: 8, BindingHostID: "h2"}
+	a.vpcs.gateways[7] = map[string]bool{"10.0.0.1/24": true}
+	return a
 }
 
 func testLB(id string, vni uint32, vip string, members ...string) *controllerapi.LoadBalancer {
@@ -70,7 +70,7 @@ func TestSyncLBs(t *testing.T) {
 	rec := &recLB{}
 	a := lbAgent(rec)
 	ctx := t.Context()
-	c := &a.lb
+	c := a.lb
 	c.lbs["local"] = recOf(testLB("local", 7, "10.96.0.1", "10.0.0.5"), "h1")
 	c.lbs["onlink"] = recOf(testLB("onlink", 7, "10.0.0.200", "10.0.0.5"), "h1")
 	c.lbs["remote"] = recOf(testLB("remote", 8, "10.96.0.2", "10.1.0.5"), "h1") // no local port in VNI 8
@@ -118,7 +118,7 @@ func TestSyncLBs(t *testing.T) {
 		t.Fatalf("delete: %+v", got)
 	}
 	// The last local port leaves VPC 7: its load balancers go.
-	delete(a.ports, "p1")
+	delete(a.ports.ports, "p1")
 	if err := a.syncLBs(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestSyncLBs(t *testing.T) {
 	}
 	// A failure: the next sync is a full one.
 	rec.fail = errors.New("boom")
-	a.ports["p1"] = &controllerapi.Port{ID: "p1", VNI: 7, BindingHostID: "h1"}
+	a.ports.ports["p1"] = &controllerapi.Port{ID: "p1", VNI: 7, BindingHostID: "h1"}
 	if err := a.syncLBs(ctx); err == nil {
 		t.Fatal("want the error")
 	}

@@ -6,7 +6,6 @@ import (
 	"iter"
 	"net"
 	"slices"
-	"time"
 
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -117,34 +116,24 @@ func (a *Agent) watchPorts(ctx context.Context) {
 // upsertPort stores a port (unless the cache has a newer revision) and
 // queues what it affects.
 func (a *Agent) upsertPort(p *controllerapi.Port) {
-	a.mu.Lock()
-	old := a.ports[p.ID]
-	if old != nil && old.RevisionNumber > p.RevisionNumber {
-		a.mu.Unlock()
+	old, stored := a.ports.upsert(p)
+	if !stored {
 		return
 	}
-	cp := *p
-	refused := a.withAttachmentLocked(&cp)
-	a.ports[p.ID] = &cp
-	if since, ok := a.awaiting[p.ID]; ok {
-		delete(a.awaiting, p.ID)
-		a.m.observeAttach("port_wait", time.Since(since))
+	if d, ok := a.att.arrived(p.ID); ok {
+		a.m.observeAttach("port_wait", d)
 	}
-	a.mu.Unlock()
-	if refused != nil {
-		a.log.Warn("attachment refused", "port", p.ID, "err", refused)
-		a.notify(p.ID, plugResult{err: refused})
-	}
-	if old != nil && !datapathChange(old, &cp) {
+	if old != nil && !datapathChange(old, p) {
 		return // e.g. our own status report coming back
 	}
-	a.queueFor(&cp, old, false)
+	a.queueFor(p, old, false)
 }
 
 // datapathChange reports whether two versions of a port differ in what
-// the datapath programs (status changes do not count).
+// the datapath programs (status changes do not count), or in the device
+// an attachment must name.
 func datapathChange(a, b *controllerapi.Port) bool {
-	if a.BindingHostID != b.BindingHostID || a.VNI != b.VNI || a.MACAddress != b.MACAddress ||
+	if a.BindingHostID != b.BindingHostID || a.DeviceID != b.DeviceID || a.DeviceOwner != b.DeviceOwner || a.VNI != b.VNI || a.MACAddress != b.MACAddress ||
 		portSecurity(a) != portSecurity(b) || !slices.Equal(a.AllowedAddressPairs, b.AllowedAddressPairs) ||
 		netnsOf(a) != netnsOf(b) || a.VethName != b.VethName || len(a.FixedIPs) != len(b.FixedIPs) ||
 		adminUp(a) != adminUp(b) {
@@ -159,31 +148,8 @@ func datapathChange(a, b *controllerapi.Port) bool {
 }
 
 func (a *Agent) deletePort(p *controllerapi.Port) {
-	a.mu.Lock()
-	old := a.ports[p.ID]
-	delete(a.ports, p.ID)
-	if a.isLocal(p) && p.VNI != 0 {
-		a.forgetPeersLocked(p.VNI)
-	}
-	a.mu.Unlock()
+	old := a.ports.remove(p)
 	a.queueFor(p, old, true)
-}
-
-// forgetPeersLocked drops the cached remote ports of VPC vni when no local
-// port is left in it: the controller stops sending their events at the
-// same point of the stream (and sends them again, listed, when a local
-// port brings the VPC back). Callers hold a.mu.
-func (a *Agent) forgetPeersLocked(vni uint32) {
-	for _, q := range a.ports {
-		if q.VNI == vni && a.isLocal(q) {
-			return
-		}
-	}
-	for id, q := range a.ports {
-		if q.VNI == vni {
-			delete(a.ports, id)
-		}
-	}
 }
 
 // queueFor queues the keys a change of port p (formerly old; deleted when
@@ -192,7 +158,7 @@ func (a *Agent) forgetPeersLocked(vni uint32) {
 // remotes), so a new port's plug does not wait behind a VPC sync. A
 // remote port queues its VPC, whose remote entries change.
 func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
-	if a.isLocal(p) || (old != nil && a.isLocal(old)) {
+	if a.ports.isLocal(p) || (old != nil && a.ports.isLocal(old)) {
 		a.q.Add(guardsKey)
 		if a.lbEnabled() {
 			// Which VPCs have local ports (and which FIPs point here) may
@@ -200,7 +166,7 @@ func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
 			a.q.Add(lbKey)
 		}
 	}
-	if a.isLocal(p) {
+	if a.ports.isLocal(p) {
 		a.q.Add(portKey(p.ID))
 		if deleted && p.VNI != 0 {
 			a.q.Add(vpcKey(p.VNI))
@@ -208,10 +174,10 @@ func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
 	} else if p.VNI != 0 {
 		a.q.Add(vpcKey(p.VNI))
 	}
-	if old == nil || (old.VNI == p.VNI && a.isLocal(old) == a.isLocal(p) && !deleted) {
+	if old == nil || (old.VNI == p.VNI && a.ports.isLocal(old) == a.ports.isLocal(p) && !deleted) {
 		return
 	}
-	if a.isLocal(old) {
+	if a.ports.isLocal(old) {
 		a.q.Add(portKey(old.ID))
 	}
 	if old.VNI != 0 {
@@ -222,23 +188,7 @@ func (a *Agent) queueFor(p, old *controllerapi.Port, deleted bool) {
 // finishList drops ports the list did not return, then queues a full
 // level sync (which also finds orphans in the datapath).
 func (a *Agent) finishList(ctx context.Context, seen map[string]bool) {
-	a.mu.Lock()
-	var gone []*controllerapi.Port
-	for id, p := range a.ports {
-		if !seen[id] {
-			gone = append(gone, p)
-			delete(a.ports, id)
-		}
-	}
-	first := false
-	select {
-	case <-a.synced:
-	default:
-		close(a.synced)
-		first = true
-	}
-	n := len(a.ports)
-	a.mu.Unlock()
+	gone, first, n := a.ports.retain(seen)
 	for _, p := range gone {
 		a.queueFor(p, nil, true)
 	}
@@ -257,31 +207,21 @@ func (a *Agent) watchHosts(ctx context.Context) {
 			if ev.Host == nil || ev.Host.ID == "" {
 				return ""
 			}
-			a.mu.Lock()
 			switch ev.Type {
 			case controllerapi.EventDeleted:
-				delete(a.hosts, ev.Host.ID)
+				a.ports.setHost(ev.Host.ID, nil)
 			case controllerapi.EventAdded, controllerapi.EventModified:
 				if ip := net.ParseIP(ev.Host.UnderlayIP); ip != nil {
-					a.hosts[ev.Host.ID] = ip
+					a.ports.setHost(ev.Host.ID, ip)
 				}
 			}
-			a.mu.Unlock()
 			if !listing {
 				a.queueLocalVPCs()
 			}
 			return ev.Host.ID
 		},
 		listed: func(ctx context.Context, seen map[string]bool) {
-			a.mu.Lock()
-			for id := range a.hosts {
-				if !seen[id] {
-					delete(a.hosts, id)
-				}
-			}
-			first := !isClosed(a.hostsSeen)
-			closeOnce(a.hostsSeen)
-			a.mu.Unlock()
+			first := a.ports.retainHosts(seen)
 			a.queueLocalVPCs()
 			if first {
 				// VPC syncs waited for this listing, the resync that
@@ -293,14 +233,7 @@ func (a *Agent) watchHosts(ctx context.Context) {
 }
 
 func (a *Agent) queueLocalVPCs() {
-	a.mu.Lock()
-	vnis := map[uint32]bool{}
-	for _, p := range a.ports {
-		if a.isLocal(p) && p.VNI != 0 {
-			vnis[p.VNI] = true
-		}
-	}
-	a.mu.Unlock()
+	_, vnis := a.ports.localIDs()
 	for vni := range vnis {
 		a.q.Add(vpcKey(vni))
 	}

@@ -75,6 +75,29 @@ func parseRule(doc string) (r rule, ok bool, err string) {
 	return r, true, "rule does not end with a period"
 }
 
+// parseRules finds every rule in a package comment (a comment may state
+// both forms, or show one as an example before its own), each parsed as
+// parseRule parses the first.
+func parseRules(doc string) (rs []rule, errs []string) {
+	doc = strings.Join(strings.Fields(doc), " ")
+	for {
+		r, ok, err := parseRule(doc)
+		if !ok {
+			return rs, errs
+		}
+		if err != "" {
+			errs = append(errs, err)
+		} else {
+			rs = append(rs, r)
+		}
+		i, n := strings.Index(doc, importMarker), len(importMarker)
+		if j := strings.Index(doc, dependMarker); j >= 0 && (i < 0 || j < i) {
+			i, n = j, len(dependMarker)
+		}
+		doc = doc[i+n:]
+	}
+}
+
 func matches(pattern, path string) bool {
 	if base, ok := strings.CutSuffix(pattern, "/..."); ok {
 		return path == base || strings.HasPrefix(path, base+"/")
@@ -140,25 +163,22 @@ func TestImportRules(t *testing.T) {
 		if len(f) != 4 {
 			continue
 		}
-		pkg, dir, deps := f[0], f[1], strings.Fields(f[2])
-		r, ok, perr := parseRule(packageDoc(t, dir))
-		if r.transitive {
-			deps = strings.Fields(f[3])
+		pkg, dir := f[0], f[1]
+		rs, errs := parseRules(packageDoc(t, dir))
+		for _, e := range errs {
+			t.Errorf("%s: %s", pkg, e)
 		}
-		if !ok {
-			continue
+		if len(rs) > 0 {
+			rules++
 		}
-		if perr != "" {
-			t.Errorf("%s: %s", pkg, perr)
-			continue
-		}
-		rules++
-		if b := r.broken(deps); len(b) > 0 {
-			verb := "imports"
+		for _, r := range rs {
+			deps, verb := strings.Fields(f[2]), "imports"
 			if r.transitive {
-				verb = "depends on"
+				deps, verb = strings.Fields(f[3]), "depends on"
 			}
-			t.Errorf("%s breaks its rule (%v, except %v): it %s %v", pkg, r.deny, r.except, verb, b)
+			if b := r.broken(deps); len(b) > 0 {
+				t.Errorf("%s breaks its rule (%v, except %v): it %s %v", pkg, r.deny, r.except, verb, b)
+			}
 		}
 	}
 	if rules < 24 {
@@ -191,6 +211,12 @@ func TestParseRule(t *testing.T) {
 				t.Errorf("parseRule = %+v %v %q, want %v %v %q %v", r, ok, err, tt.deny, tt.except, tt.err, tt.ok)
 			}
 		})
+	}
+	// Every rule of a comment counts, the second too (a comment that
+	// shows the form before stating its own rule).
+	rs, errs := parseRules("Example:\n\tMust not import: `PATTERN`.\n\nMust not\nimport: `a/...`. Must not depend on: `net/http`.")
+	if len(errs) != 0 || len(rs) != 3 || rs[1].deny[0] != "a/..." || !rs[2].transitive || rs[2].deny[0] != "net/http" {
+		t.Errorf("parseRules = %+v, %v; want 3 rules, the last two a/... and (depend) net/http", rs, errs)
 	}
 	r := rule{deny: []string{"kurma.dev/kurma/..."}, except: []string{"kurma.dev/kurma/pkg/kerrors"}}
 	if got := r.broken([]string{"fmt", "kurma.dev/kurma/pkg/kerrors", "kurma.dev/kurma/internal/pod", "kurma.dev/kurmax"}); !slices.Equal(got, []string{"kurma.dev/kurma/internal/pod"}) {

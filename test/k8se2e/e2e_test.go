@@ -20,7 +20,7 @@ import (
 
 	"kurma.dev/kurma/internal/agent/nettest"
 	"kurma.dev/kurma/internal/kube/kubetest"
-	"kurma.dev/kurma/internal/kube/watcher"
+	"kurma.dev/kurma/internal/kube/podports"
 	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -129,11 +129,11 @@ func TestKubernetesPodNetworking(t *testing.T) {
 
 	// Pod IPs: in their namespace's subnet, shown by the API, equal to
 	// the annotation.
-	snA, err := e.Ctl.GetSubnet(ctx, project, watcher.SubnetID(nsA.UID))
+	snA, err := e.Ctl.GetSubnet(ctx, project, podports.SubnetID(nsA.UID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	snB, err := e.Ctl.GetSubnet(ctx, project, watcher.SubnetID(nsB.UID))
+	snB, err := e.Ctl.GetSubnet(ctx, project, podports.SubnetID(nsB.UID))
 	if err != nil {
 		t.Fatal(err)
 	}

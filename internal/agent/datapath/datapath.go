@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
+	"kurma.dev/kurma/internal/agent/nfthost"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -128,11 +129,12 @@ type Datapath struct {
 	mtu   int
 	log   *slog.Logger
 
-	nftMu sync.Mutex          // guards nft, bnft, gconn and gin (one transaction at a time)
-	nft   knftables.Interface // inet table (VPC isolation), bound to the host namespace at creation
-	bnft  knftables.Interface // bridge table of the same name (port guards): its skeleton
-	gnsf  *os.File            // the host namespace, held for gconn
-	gconn *nftables.Conn      // guard set elements, through netlink
+	nftMu sync.Mutex            // guards nft, bnft, gconn and gin (one transaction at a time)
+	nft   knftables.Interface   // inet table (VPC isolation), bound to the host namespace at creation
+	bnft  knftables.Interface   // bridge table of the same name (port guards): its skeleton
+	gnsf  *os.File              // the host namespace (plugs move host ends there)
+	gconn *nfthost.Conn         // guard set elements, through netlink
+	gw    nfthost.ElementWriter // writes guard elements: gconn (tests: a nfthost.Recorder)
 	gsets [gsCount]*nftables.Set
 	gin   map[gelem]bool // guard elements in the kernel; nil: unknown (the next SetGuards writes them whole)
 
@@ -212,27 +214,23 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 	if d.mtu < 576 {
 		return nil, kerrors.New(kerrors.Invalid, "datapath: mtu %d too small", d.mtu)
 	}
-	err = d.inHost(func() error {
-		if cfg.Forwarding {
+	if cfg.Forwarding {
+		err = d.inHost(func() error {
 			for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
 				if err := os.WriteFile(p, []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
 					return fmt.Errorf("enable forwarding: %w", err)
 				}
 			}
-		}
-		nft, err := knftables.New(knftables.InetFamily, cfg.NFTTable)
+			return nil
+		})
 		if err != nil {
-			return fmt.Errorf("nftables: %w", err)
+			return nil, fmt.Errorf("datapath: %w", err)
 		}
-		d.nft = nft
-		bnft, err := knftables.New(knftables.BridgeFamily, cfg.NFTTable)
-		if err != nil {
-			return fmt.Errorf("nftables: %w", err)
-		}
-		d.bnft = bnft
-		return nil
-	})
-	if err != nil {
+	}
+	if d.nft, err = nfthost.Knft(cfg.HostNS, knftables.InetFamily, cfg.NFTTable); err != nil {
+		return nil, fmt.Errorf("datapath: %w", err)
+	}
+	if d.bnft, err = nfthost.Knft(cfg.HostNS, knftables.BridgeFamily, cfg.NFTTable); err != nil {
 		return nil, fmt.Errorf("datapath: %w", err)
 	}
 	nsPath := cfg.HostNS
@@ -247,12 +245,13 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 			_ = d.gnsf.Close()
 		}
 	}()
-	if d.gconn, err = nftables.New(nftables.WithNetNSFd(int(d.gnsf.Fd())), nftables.AsLasting()); err != nil {
-		return nil, fmt.Errorf("datapath: nftables netlink: %w", err)
+	if d.gconn, err = nfthost.Open(cfg.HostNS); err != nil {
+		return nil, fmt.Errorf("datapath: %w", err)
 	}
+	d.gw = d.gconn
 	d.gsets = guardSetsOf(cfg.NFTTable)
 	if err := d.syncIsolation(ctx); err != nil {
-		_ = d.gconn.CloseLasting()
+		_ = d.gconn.Close()
 		return nil, err
 	}
 	return d, nil
@@ -262,8 +261,7 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 // place.
 func (d *Datapath) Close() error {
 	d.h.Close()
-	_ = d.gconn.CloseLasting()
-	return d.gnsf.Close()
+	return errors.Join(d.gconn.Close(), d.gnsf.Close())
 }
 
 // MTU is the MTU given to pod interfaces.

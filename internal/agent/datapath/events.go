@@ -62,6 +62,12 @@ func (d *Datapath) forwardGone(ctx context.Context, ch <-chan netlink.LinkUpdate
 
 func (d *Datapath) subscribeLinks(ctx context.Context) (chan netlink.LinkUpdate, chan struct{}, error) {
 	opts := netlink.LinkSubscribeOptions{
+		// Every link change in the host namespace is an event (a plug
+		// makes several), and a pod burst makes them faster than a
+		// loaded agent reads them: with the default buffer the socket
+		// overflowed (ENOBUFS), which ends the subscription and loses
+		// the events until it is renewed.
+		ReceiveBufferSize: linkEventsBuf, ReceiveBufferForceSize: true,
 		ErrorCallback: func(err error) {
 			if ctx.Err() == nil {
 				d.log.Warn("link events", "err", err)
@@ -83,6 +89,10 @@ func (d *Datapath) subscribeLinks(ctx context.Context) (chan netlink.LinkUpdate,
 	}
 	return ch, done, nil
 }
+
+// linkEventsBuf is the receive buffer of the link event socket: a few
+// thousand events (each several KiB of the kernel's accounting).
+const linkEventsBuf = 16 << 20
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
+	"kurma.dev/kurma/internal/agent/nfthost"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -130,7 +131,7 @@ func (d *Datapath) SetGuards(ctx context.Context, guards []Guard) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	err := nftbatch.Commit(d.gconn, ops,
+	err := nftbatch.Commit(d.gw, ops,
 		func(o op) nftbatch.Key { return nftbatch.Key{Set: d.gsets[o.e.set], Order: int(o.e.set), Del: o.del} },
 		func(o op) nftables.SetElement { return nftables.SetElement{Key: o.e.key()} },
 		func(tx []op) {
@@ -291,7 +292,7 @@ func guardSkeleton(tx *knftables.Transaction, owner string) {
 // guardSetsOf are the netlink handles of the guard sets in the bridge
 // table named table.
 func guardSetsOf(table string) [gsCount]*nftables.Set {
-	t := &nftables.Table{Name: table, Family: nftables.TableFamilyBridge}
+	t := nfthost.Bridge(table)
 	var out [gsCount]*nftables.Set
 	for i, s := range guardSets {
 		out[i] = &nftables.Set{Table: t, Name: s.name, Concatenation: strings.Contains(s.decl, ".")}

@@ -235,7 +235,7 @@ func (p *Path) commit(ctx context.Context) error {
 	// Deletions first (a replaced element is deleted, then added), grouped
 	// by set into messages; one transaction unless the change is larger
 	// than nftbatch.TxOps (only a cold sync is).
-	err := nftbatch.Commit(p.conn, ops,
+	err := nftbatch.Commit(p.w, ops,
 		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
 		func(o op) nftables.SetElement {
 			if o.del {

@@ -2,24 +2,21 @@ package lbpath
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
-	mnl "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
+	"kurma.dev/kurma/internal/agent/nfthost"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -27,9 +24,6 @@ const (
 	// msgElems bounds the elements of one netlink message (as
 	// nftbatch.MsgElems, for the affinity purge's deletions).
 	msgElems = nftbatch.MsgElems
-	// sockBuf is the send buffer of our netlink socket: a transaction is
-	// one sendmsg.
-	sockBuf = 64 << 20
 )
 
 // DefaultRouteProtocol is the routing protocol number of the routes a
@@ -90,10 +84,10 @@ type Config struct {
 type Path struct {
 	cfg    Config
 	log    *slog.Logger
-	nsf    *os.File            // the host namespace, kept open for conn
-	nft    knftables.Interface // skeleton and pick chains, through nft -f
-	conn   *nftables.Conn      // elements, through netlink
-	nlh    *netlink.Handle     // FIP routes
+	nft    knftables.Interface   // skeleton and pick chains, through nft -f
+	conn   *nfthost.Conn         // elements, through netlink
+	w      nfthost.ElementWriter // writes elements: conn (tests: a nfthost.Recorder)
+	nlh    *netlink.Handle       // FIP routes
 	tbl    *nftables.Table
 	sets   [numSets]*nftables.Set
 	affSet *nftables.Set
@@ -206,29 +200,21 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if (cfg.Egress || cfg.NodeIP.IsValid()) && !validGlob(cfg.BridgeGlob) {
 		return nil, kerrors.New(kerrors.Invalid, "lbpath: bridge glob %q: want a name prefix ending in '*'", cfg.BridgeGlob)
 	}
-	p := &Path{cfg: cfg, log: cfg.Logger,
-		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
-		owned: [2]map[string][]elem{{}, {}}, els: map[elem]slot{},
-		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
-		affPurge: map[string]bool{}}
+	p := barePath(cfg)
 	nsPath := cfg.HostNS
 	if nsPath == "" {
 		nsPath = "/proc/self/ns/net"
 	}
-	f, err := os.Open(nsPath)
-	if err != nil {
-		return nil, kerrors.New(kerrors.NotFound, "lbpath: host netns %s: %v", nsPath, err)
-	}
-	p.nsf = f
 	defer func() {
 		if retErr != nil {
 			p.Close()
 		}
 	}()
-	p.conn, err = nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting(), nftables.WithSockOptions(bigBuffers))
+	conn, err := nfthost.Open(cfg.HostNS)
 	if err != nil {
-		return nil, fmt.Errorf("lbpath: nftables netlink: %w", err)
+		return nil, fmt.Errorf("lbpath: %w", err)
 	}
+	p.conn, p.w = conn, conn
 	nsh, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
@@ -239,18 +225,13 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: netlink handle: %w", err)
 	}
-	err = p.inHost(func() error {
-		var err error
-		p.nft, err = knftables.New(knftables.InetFamily, cfg.Table)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("lbpath: nftables: %w", err)
+	if p.nft, err = nfthost.Knft(cfg.HostNS, knftables.InetFamily, cfg.Table); err != nil {
+		return nil, fmt.Errorf("lbpath: %w", err)
 	}
 	if err := p.ensureServiceRoutes(); err != nil {
 		return nil, err
 	}
-	p.tbl = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}
+	p.tbl = nfthost.Inet(cfg.Table)
 	p.affSet = &nftables.Set{Table: p.tbl, Name: "affinity", IsMap: true, HasTimeout: true}
 	p.gen = "a"
 	// Which generation of sets is in use: through netlink, as nft would
@@ -278,16 +259,22 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	return p, nil
 }
 
+// barePath is a Path without handles (New adds them).
+func barePath(cfg Config) *Path {
+	return &Path{cfg: cfg, log: cfg.Logger,
+		lbs: map[string]*LB{}, fips: map[string]*FIP{}, fipsOfLB: map[string]map[string]bool{},
+		owned: [2]map[string][]elem{{}, {}}, els: map[elem]slot{},
+		pending: map[elem]bool{}, chains: map[string]bool{}, chainRefs: map[string]int{},
+		affPurge: map[string]bool{}}
+}
+
 // Close releases the handles; the kernel state stays.
 func (p *Path) Close() error {
 	if p.conn != nil {
-		_ = p.conn.CloseLasting()
+		_ = p.conn.Close()
 	}
 	if p.nlh != nil {
 		p.nlh.Close()
-	}
-	if p.nsf != nil {
-		_ = p.nsf.Close()
 	}
 	return nil
 }
@@ -295,30 +282,10 @@ func (p *Path) Close() error {
 // Table is the name of the nft table this Path owns.
 func (p *Path) Table() string { return p.cfg.Table }
 
-func (p *Path) inHost(f func() error) error {
-	if p.cfg.HostNS == "" {
-		return f()
-	}
-	return ns.WithNetNSPath(p.cfg.HostNS, func(ns.NetNS) error { return f() })
-}
+func (p *Path) inHost(f func() error) error { return nfthost.InHost(p.cfg.HostNS, f) }
 
 func (p *Path) runNft(ctx context.Context, tx *knftables.Transaction) error {
 	return p.inHost(func() error { return p.nft.Run(ctx, tx) })
-}
-
-// bigBuffers lets one sendmsg carry a large transaction (the default
-// limit, wmem_max, is a few MiB) and the socket receive its acks.
-func bigBuffers(c *mnl.Conn) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	err = rc.Control(func(fd uintptr) {
-		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sockBuf),
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
-	})
-	return errors.Join(err, serr)
 }
 
 // validGlob accepts an interface-name wildcard as nft takes it: 1 to 14

@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
+
+	"kurma.dev/kurma/internal/agent/nfthost"
 )
 
 // setName is the name of set i in generation gen ("a" or "b"): Sync fills
@@ -218,8 +220,8 @@ func (p *Path) setAddrs(name string) ([]netip.Addr, error) {
 // source-NATs to the node address: those of external frontends of load
 // balancers without ExternalLocal, and those the host opens into a VPC
 // bridge. Other users of the connection mark on the host must keep away
-// from it.
-const CtMarkSNAT = 0x00400000
+// from it. nfthost owns the agent's marks.
+const CtMarkSNAT = nfthost.CtMarkSNAT
 
 // nodeAddrsSet holds Config.NodeAddrs; it is written with the skeleton.
 const nodeAddrsSet = "node-addrs"

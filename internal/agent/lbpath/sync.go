@@ -129,13 +129,15 @@ func (p *Path) afterSync(ctx context.Context) error {
 	return p.purge(func(tail string) bool { return !keep[tail] })
 }
 
-// readKernel refreshes the mirror of elements, pick chains and routes.
+// readKernel refreshes the kernel side of the record (each element's
+// slot in els, the pick chains, the routes) from the kernel.
 func (p *Path) readKernel(ctx context.Context) error {
 	return p.read(ctx, true)
 }
 
-// read refreshes the mirror of pick chains and routes, and of elements
-// when elements is set (else the mirror holds no element).
+// read refreshes the kernel side of the record: pick chains and routes,
+// and elements when elements is set (else no element is recorded as in
+// the kernel).
 func (p *Path) read(ctx context.Context, elements bool) error {
 	have := map[elem]string{}
 	replaced := false

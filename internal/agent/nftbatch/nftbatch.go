@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	"github.com/google/nftables"
+
+	"kurma.dev/kurma/internal/agent/nfthost"
 )
 
 const (
@@ -23,11 +25,12 @@ type Key struct {
 	Del   bool
 }
 
-// Commit writes ops, which it sorts, through conn: key places an op, elem
+// Commit writes ops, which it sorts, through w (a datapath's
+// nfthost.Conn, or a nfthost.Recorder in tests): key places an op, elem
 // builds its element (once, when it is written). After each transaction
 // is committed, committed gets the ops it held, so that the caller
 // records them.
-func Commit[O any](conn *nftables.Conn, ops []O, key func(O) Key, elem func(O) nftables.SetElement, committed func([]O)) error {
+func Commit[O any](w nfthost.ElementWriter, ops []O, key func(O) Key, elem func(O) nftables.SetElement, committed func([]O)) error {
 	slices.SortFunc(ops, func(a, b O) int {
 		x, y := key(a), key(b)
 		if x.Del != y.Del {
@@ -56,16 +59,16 @@ func Commit[O any](conn *nftables.Conn, ops []O, key func(O) Key, elem func(O) n
 			}
 			var err error
 			if first.Del {
-				err = conn.SetDeleteElements(first.Set, els)
+				err = w.SetDeleteElements(first.Set, els)
 			} else {
-				err = conn.SetAddElements(first.Set, els)
+				err = w.SetAddElements(first.Set, els)
 			}
 			if err != nil {
 				return err
 			}
 			i = j
 		}
-		if err := conn.Flush(); err != nil {
+		if err := w.Flush(); err != nil {
 			return fmt.Errorf("nft transaction of %d changes: %w", len(tx), err)
 		}
 		committed(tx)

@@ -10,19 +10,13 @@ import (
 	"os"
 	"sync"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
-	mnl "github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
+	"kurma.dev/kurma/internal/agent/nfthost"
 	"kurma.dev/kurma/pkg/kerrors"
-)
-
-const (
-	sockBuf = 64 << 20 // send buffer: one transaction is one sendmsg
 )
 
 // Config configures a Path.
@@ -42,7 +36,7 @@ type Path struct {
 	log  *slog.Logger
 	nsf  *os.File
 	nft  knftables.Interface
-	conn *nftables.Conn
+	conn *nfthost.Conn
 	tbl  *nftables.Table
 	sets [numSets]*nftables.Set
 
@@ -79,9 +73,8 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 			_ = p.Close()
 		}
 	}()
-	p.conn, err = nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting(), nftables.WithSockOptions(bigBuffers))
-	if err != nil {
-		return nil, fmt.Errorf("policypath: nftables netlink: %w", err)
+	if p.conn, err = nfthost.Open(cfg.HostNS); err != nil {
+		return nil, fmt.Errorf("policypath: %w", err)
 	}
 	err = p.inHost(func() error {
 		err := os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-iptables", []byte("1"), 0o644)
@@ -93,13 +86,15 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		} else if err != nil {
 			return fmt.Errorf("bridge netfilter: %w", err)
 		}
-		p.nft, err = knftables.New(knftables.InetFamily, cfg.Table)
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("policypath: %w", err)
 	}
-	p.tbl = &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}
+	if p.nft, err = nfthost.Knft(cfg.HostNS, knftables.InetFamily, cfg.Table); err != nil {
+		return nil, fmt.Errorf("policypath: %w", err)
+	}
+	p.tbl = nfthost.Inet(cfg.Table)
 	for i, d := range setDefs {
 		p.sets[i] = &nftables.Set{Table: p.tbl, Name: d.name, Interval: d.interval, Concatenation: d.keyLen > 4}
 	}
@@ -222,7 +217,7 @@ func (p *Path) inPlace(prints map[string]string) bool {
 // Close releases the handles; the kernel state stays.
 func (p *Path) Close() error {
 	if p.conn != nil {
-		_ = p.conn.CloseLasting()
+		_ = p.conn.Close()
 	}
 	if p.nsf != nil {
 		_ = p.nsf.Close()
@@ -230,12 +225,7 @@ func (p *Path) Close() error {
 	return nil
 }
 
-func (p *Path) inHost(f func() error) error {
-	if p.cfg.HostNS == "" {
-		return f()
-	}
-	return ns.WithNetNSPath(p.cfg.HostNS, func(ns.NetNS) error { return f() })
-}
+func (p *Path) inHost(f func() error) error { return nfthost.InHost(p.cfg.HostNS, f) }
 
 // Apply sets the wanted state of the pods in changes (nil: the pod is
 // gone) and commits what differs in one transaction. The path keeps the
@@ -454,18 +444,4 @@ func (p *Path) Elements() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.in)
-}
-
-// bigBuffers lets one sendmsg carry a large transaction.
-func bigBuffers(c *mnl.Conn) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var serr error
-	err = rc.Control(func(fd uintptr) {
-		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sockBuf),
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
-	})
-	return errors.Join(err, serr)
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -203,7 +204,22 @@ func TestDriver(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second) // a resync's worth: nothing may unplug
+	// The restarted agent's first listing ends with a full resync, which
+	// syncs both local ports: once it has (and its queue is empty), a
+	// sync that would unplug a pod has had its chance.
+	e.Eventually(20*time.Second, "the restarted agent's resync", func() error {
+		body, err := get(e, "http://"+metricsAddr+"/metrics")
+		if err != nil {
+			return err
+		}
+		if n := metricValue(body, `kurma_agent_sync_duration_seconds_count{kind="port",result="ok"}`); n < 2 {
+			return fmt.Errorf("%v port syncs since the restart, want 2", n)
+		}
+		if n := metricValue(body, "kurma_agent_queue_depth"); n != 0 {
+			return fmt.Errorf("queue depth %v", n)
+		}
+		return nil
+	})
 	if err := nettest.Reach(ctx, pods[0].netns, ip2+":7777", "hello from p2"); err != nil {
 		t.Fatalf("p1 -> p2 after agent restart: %v", err)
 	}
@@ -272,6 +288,35 @@ func scrape(t *testing.T, e *kubetest.Env, url string) string {
 		t.Fatalf("GET %s: %s, %v", url, resp.Status, err)
 	}
 	return string(b)
+}
+
+// get is scrape that returns its error.
+func get(e *kubetest.Env, url string) (string, error) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: e.C.DialContext}, Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s, %v", url, resp.Status, err)
+	}
+	return string(b), nil
+}
+
+// metricValue is the value of the sample named series (name and labels
+// as exposed) in a Prometheus text body; -1 when absent.
+func metricValue(body, series string) float64 {
+	for line := range strings.SplitSeq(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 func withPrev(conf string, res []byte) string {

@@ -13,9 +13,9 @@
 //     UID against the runtime's and the annotation's; records the
 //     attachment (container, interface, namespace, port) in its state
 //     directory; has the agent plug the port into CNI_NETNS
-//     (agent.Attach) and waits until it is plugged and up (the agent's UP
-//     report to the controller follows); and prints a CNI result from the
-//     annotation.
+//     (agent.Attach) and waits until it is plugged (not for UP: the
+//     agent's UP report to the controller follows); and prints a CNI
+//     result from the annotation.
 //   - DEL detaches the port (the agent unplugs it) unless a newer sandbox
 //     of the same pod holds it, and forgets the attachment; an unknown
 //     attachment is success. The controller port stays: the watcher owns

@@ -1,5 +1,5 @@
 // Package ctrl is the controller scaffold the Kubernetes reconcilers
-// share (internal/kube/watcher for pods and namespaces,
+// share (internal/kube/podports for pods and namespaces,
 // internal/kube/services for Services): the part of a client-go
 // controller that does not depend on what is reconciled.
 //

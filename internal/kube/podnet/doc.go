@@ -1,5 +1,5 @@
 // Package podnet is the schema of the pod annotation through which the
-// Kubernetes watcher (internal/kube/watcher) hands a pod's controller port
+// Kubernetes watcher (internal/kube/podports) hands a pod's controller port
 // to the node agent's CNI daemon (internal/kube/cnid): the
 // "kurma.dev/pod-networks" annotation, a JSON object keyed by network name
 // ("default" is the pod's primary interface), as OVN-Kubernetes keys

@@ -41,7 +41,7 @@
 // is never held across a controller or Kubernetes call.
 //
 // It speaks to the controller only through pkg/controllerapi and runs
-// beside internal/kube/watcher in cmd/kurma-k8s-watcher without importing
+// beside internal/kube/podports in cmd/kurma-k8s-watcher without importing
 // it. Must not import: `kurma.dev/kurma/internal/controller/...`,
-// `kurma.dev/kurma/internal/agent/...`, `kurma.dev/kurma/internal/kube/watcher`.
+// `kurma.dev/kurma/internal/agent/...`, `kurma.dev/kurma/internal/kube/podports`.
 package services

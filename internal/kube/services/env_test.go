@@ -80,7 +80,7 @@ func start(t *testing.T, withExternal bool) *env {
 		_, err := ctl.ListProjects(ctx)
 		return err
 	})
-	// What internal/kube/watcher makes at its start.
+	// What internal/kube/podports makes at its start.
 	if _, err := ctl.CreateProject(ctx, capi.Project{ID: project, Name: project}); err != nil {
 		t.Fatal(err)
 	}

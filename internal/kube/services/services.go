@@ -53,7 +53,7 @@ type Controller interface {
 var _ Controller = (*controllerapi.Client)(nil)
 
 // Lease configures leader election on a coordination.k8s.io Lease (as
-// internal/kube/watcher's, on a Lease of its own).
+// internal/kube/podports's, on a Lease of its own).
 type Lease = leader.Lease
 
 // DefaultClass is the loadBalancerClass this package serves (besides
@@ -65,7 +65,7 @@ type Config struct {
 	Kube       kubernetes.Interface
 	Controller Controller
 	// Project and VPC are the cluster's controller project and VPC (made
-	// by internal/kube/watcher; the reconciler waits for the VPC).
+	// by internal/kube/podports; the reconciler waits for the VPC).
 	// Defaults "k8s" and "k8s-pods".
 	Project, VPC string
 	// ServiceCIDR is the API server's --service-cluster-ip-range

@@ -13,7 +13,7 @@ import (
 
 // setup is the leader's first step (internal/kube/ctrl retries it while
 // the controller is unavailable): it waits for the cluster's VPC
-// (internal/kube/watcher makes it), makes sure the service subnet exists,
+// (internal/kube/podports makes it), makes sure the service subnet exists,
 // looks up the external network, then runs the first resync, before the
 // workers start, so that the caches hold what the controller has: a
 // restart then sends no write for a Service whose load balancer is

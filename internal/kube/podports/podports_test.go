@@ -1,4 +1,4 @@
-package watcher_test
+package podports_test
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 
 	"kurma.dev/kurma/internal/kube/kubetest"
 	"kurma.dev/kurma/internal/kube/podnet"
-	"kurma.dev/kurma/internal/kube/watcher"
+	"kurma.dev/kurma/internal/kube/podports"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -59,7 +59,7 @@ func subnetOf(t *testing.T, e *kubetest.Env, ns *corev1.Namespace) *controllerap
 	var sn *controllerapi.Subnet
 	e.Eventually(10*time.Second, "subnet of "+ns.Name, func() error {
 		var err error
-		sn, err = e.Ctl.GetSubnet(context.Background(), project, watcher.SubnetID(ns.UID))
+		sn, err = e.Ctl.GetSubnet(context.Background(), project, podports.SubnetID(ns.UID))
 		return err
 	})
 	return sn
@@ -100,7 +100,7 @@ func TestPodsNamespacesNodes(t *testing.T) {
 	}{{na, pa, "n1", string(a1.UID), snA.ID}, {nb, pb, "host-two", string(b1.UID), snB.ID}} {
 		ip := c.n.Prefixes()[0]
 		if !c.pfx.Contains(ip.Addr()) || ip.Bits() != c.pfx.Bits() || c.n.HostID != c.host || c.n.SubnetID != c.subnet ||
-			c.n.PortID != watcher.PortID(metav1UID(c.uid)) || len(c.n.Gateways) != 1 {
+			c.n.PortID != podports.PortID(metav1UID(c.uid)) || len(c.n.Gateways) != 1 {
 			t.Fatalf("annotation %+v: want an address in %s, host %s, subnet %s", c.n, c.pfx, c.host, c.subnet)
 		}
 		p, err := e.Ctl.GetPort(ctx, project, c.n.PortID)
@@ -142,7 +142,7 @@ func TestPodsNamespacesNodes(t *testing.T) {
 	// A port deleted behind the watcher's back comes back at the resync,
 	// and a stray port of a UID that has no pod goes.
 	stray, err := e.Ctl.CreatePort(ctx, project, controllerapi.Port{ID: "pod-0000-stray", NetworkID: snA.ID,
-		DeviceID: "0000-stray", DeviceOwner: watcher.Owner, BindingHostID: "n1"})
+		DeviceID: "0000-stray", DeviceOwner: podports.Owner, BindingHostID: "n1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
-// Package watcher is the Kubernetes side of pod networking (seed 002's
-// "Raven"): it follows Namespaces, Pods and Nodes through client-go shared
-// informers and keeps the Kurma controller's objects in step, in flat mode:
+// Package podports is the pod → port controller, the Kubernetes side of
+// pod networking (seed 002's "Raven"; the binary is kurma-k8s-watcher): it
+// reconciles Namespaces into controller subnets and Pods into controller
+// ports, following Namespaces, Pods and Nodes through client-go shared
+// informers, in flat mode:
 //
 //   - one controller project and one VPC for the cluster, created if
 //     missing;
@@ -48,4 +50,4 @@
 // It speaks to the controller only through pkg/controllerapi. Must not
 // import: `kurma.dev/kurma/internal/controller/...`,
 // `kurma.dev/kurma/internal/agent/...`.
-package watcher
+package podports
