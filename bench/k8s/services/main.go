@@ -97,6 +97,7 @@ func main() {
 	profile := flag.String("profile", "", "save heap profiles, MemStats and GC traces of watcher and agent in this directory")
 	gcPercent := flag.String("gc-percent", "", "pass --gc-percent to watcher and agent (empty: their default)")
 	nodePorts := flag.Bool("nodeports", false, "also time NodePort adds (f) and externalTrafficPolicy Local endpoint changes (g)")
+	apiProfile := flag.String("apiserver-profile", "", "write a 30 s CPU profile of kube-apiserver, taken during the last fill, to this file")
 	fillStopped := flag.Bool("fill-stopped", true, "stop watcher and agent while the N Services are created; (a) is then their start → last VIP live")
 	flag.Parse()
 	var ns []int
@@ -114,7 +115,7 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped); err != nil {
+	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped, *apiProfile); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -152,6 +153,7 @@ type bench struct {
 	// fillStopped: watcher and agent are stopped while Services are
 	// created, and (a) is their start → last VIP live.
 	fillStopped bool
+	apiProfile  string // -apiserver-profile file, or ""
 }
 
 // Debug listeners of watcher and agent with -profile.
@@ -160,9 +162,10 @@ const (
 	watcherDebug = "127.0.0.1:19699"
 )
 
-func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool) error {
+func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool, apiProfile string) error {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
-		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
+		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
+			"--profiling=" + strconv.FormatBool(apiProfile != "")}})
 	if err != nil {
 		return err
 	}
@@ -176,7 +179,7 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, 
 		return err
 	}
 	b := &bench{c: c, k: k, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent,
-		nodePorts: nodePorts, fillStopped: fillStopped}
+		nodePorts: nodePorts, fillStopped: fillStopped, apiProfile: apiProfile}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -464,11 +467,21 @@ func (b *bench) timedFill(ctx context.Context, n int) (*corev1.Service, error) {
 		before[i], _ = cpuTime(p)
 	}
 	from, t0 := b.created, time.Now()
+	profDone := make(chan error, 1)
+	if b.apiProfile != "" && n > from {
+		// Overwritten by each fill: the last (largest) one's is kept.
+		go func() { profDone <- b.apiserverProfile(ctx) }()
+	} else {
+		profDone <- nil
+	}
 	last, err := b.fill(ctx, n)
+	d := time.Since(t0)
+	if perr := <-profDone; perr != nil {
+		fmt.Printf("  kube-apiserver profile: %v\n", perr)
+	}
 	if err != nil || n == from {
 		return last, err
 	}
-	d := time.Since(t0)
 	per := float64(n-from) / 1000
 	var cpu []string
 	for i, p := range procs {
@@ -485,6 +498,18 @@ func (b *bench) timedFill(ctx context.Context, n int) (*corev1.Service, error) {
 	fmt.Printf("  fill: %d Services + slices in %s (%.0f Services/s, load %s); CPU per 1,000: %s\n",
 		n-from, ms(d), float64(n-from)/d.Seconds(), strings.Join(strings.Fields(string(la))[:3], " "), strings.Join(cpu, ", "))
 	return last, nil
+}
+
+// apiserverProfile writes a 30 s CPU profile of kube-apiserver, started
+// with a fill, to -apiserver-profile (a fill shorter than that waits for
+// it, outside its timed part).
+func (b *bench) apiserverProfile(ctx context.Context) error {
+	body, err := b.k.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "30").
+		Timeout(2*time.Minute).DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(b.apiProfile, body, 0o644)
 }
 
 // fill creates Services up to n with 32 workers and returns the last.
