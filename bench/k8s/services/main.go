@@ -98,6 +98,7 @@ func main() {
 	gcPercent := flag.String("gc-percent", "", "pass --gc-percent to watcher and agent (empty: their default)")
 	nodePorts := flag.Bool("nodeports", false, "also time NodePort adds (f) and externalTrafficPolicy Local endpoint changes (g)")
 	apiProfile := flag.String("apiserver-profile", "", "write a 30 s CPU profile of kube-apiserver, taken during the last fill, to this file")
+	fillHow := flag.String("fill", "etcd", "how the N Services are made: etcd (written into etcd as a restore would, see etcdfill.go) or api (created through the API server)")
 	fillStopped := flag.Bool("fill-stopped", true, "stop watcher and agent while the N Services are created; (a) is then their start → last VIP live")
 	flag.Parse()
 	var ns []int
@@ -115,7 +116,11 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped, *apiProfile); err != nil {
+	if *fillHow != "etcd" && *fillHow != "api" {
+		fmt.Fprintln(os.Stderr, "bad -fill:", *fillHow)
+		os.Exit(2)
+	}
+	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped, *apiProfile, *fillHow == "etcd"); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -153,7 +158,16 @@ type bench struct {
 	// fillStopped: watcher and agent are stopped while Services are
 	// created, and (a) is their start → last VIP live.
 	fillStopped bool
-	apiProfile  string // -apiserver-profile file, or ""
+	apiProfile  string   // -apiserver-profile file, or ""
+	fillEtcd    bool     // -fill etcd
+	vips        []string // ClusterIP of fill Service i
+}
+
+// growVIPs makes room for n fill Services' VIPs.
+func (b *bench) growVIPs(n int) {
+	if len(b.vips) < n {
+		b.vips = append(b.vips, make([]string, n-len(b.vips))...)
+	}
 }
 
 // Debug listeners of watcher and agent with -profile.
@@ -162,7 +176,7 @@ const (
 	watcherDebug = "127.0.0.1:19699"
 )
 
-func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool, apiProfile string) error {
+func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool, apiProfile string, fillEtcd bool) error {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
 		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
 			"--profiling=" + strconv.FormatBool(apiProfile != "")}})
@@ -179,7 +193,7 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, 
 		return err
 	}
 	b := &bench{c: c, k: k, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent,
-		nodePorts: nodePorts, fillStopped: fillStopped, apiProfile: apiProfile}
+		nodePorts: nodePorts, fillStopped: fillStopped, apiProfile: apiProfile, fillEtcd: fillEtcd}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -474,7 +488,13 @@ func (b *bench) timedFill(ctx context.Context, n int) (*corev1.Service, error) {
 	} else {
 		profDone <- nil
 	}
-	last, err := b.fill(ctx, n)
+	var last *corev1.Service
+	var err error
+	if b.fillEtcd {
+		last, err = b.etcdFill(ctx, n)
+	} else {
+		last, err = b.fill(ctx, n)
+	}
 	d := time.Since(t0)
 	if perr := <-profDone; perr != nil {
 		fmt.Printf("  kube-apiserver profile: %v\n", perr)
@@ -505,7 +525,7 @@ func (b *bench) timedFill(ctx context.Context, n int) (*corev1.Service, error) {
 // it, outside its timed part).
 func (b *bench) apiserverProfile(ctx context.Context) error {
 	body, err := b.k.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "30").
-		Timeout(2*time.Minute).DoRaw(ctx)
+		Timeout(2 * time.Minute).DoRaw(ctx)
 	if err != nil {
 		return err
 	}
@@ -519,6 +539,7 @@ func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
 	var firstErr error
 	next := b.created
 	var wg sync.WaitGroup
+	b.growVIPs(n)
 	for range 32 {
 		wg.Go(func() {
 			for {
@@ -536,6 +557,9 @@ func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
 				}
 				if s != nil && (last == nil || i == n-1) {
 					last = s
+				}
+				if s != nil {
+					b.vips[i] = s.Spec.ClusterIP
 				}
 				mu.Unlock()
 			}
@@ -707,10 +731,17 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		return r, err
 	}
 	r.all = time.Since(t0)
+	// Every VIP live before anything is timed.
+	for i := range n {
+		if err := spin(10*time.Minute, "VIP "+b.vips[i]+" live", func() (bool, error) { return b.vipLive(b.vips[i]) }); err != nil {
+			return r, err
+		}
+	}
+	allLive := time.Since(t0)
 	if b.fillStopped {
-		fmt.Printf("  (a) ours: watcher and agent started with N present (agent's tables kept) → last VIP live %s\n", ms(r.all))
+		fmt.Printf("  (a) ours: watcher and agent started with N present (agent's tables kept) → last VIP live %s, all %d live %s\n", ms(r.all), n, ms(allLive))
 	} else {
-		fmt.Printf("  (a) ours: last created → live %s\n", ms(r.all))
+		fmt.Printf("  (a) ours: last created → live %s, all %d live %s\n", ms(r.all), n, ms(allLive))
 	}
 
 	// (b), (c) ours.
