@@ -35,9 +35,12 @@
 // timed interval. The two run one after the other against the same API
 // server and objects (so they do not share the 2 cores while timed).
 //
-// The fill prints its rate and each process's CPU time per 1,000
-// Services (where a slow fill's time goes). The bench's client speaks
-// protobuf with no effective rate limit and 32 creators.
+// The N Services are written into etcd by default (-fill etcd, see
+// etcdfill.go: through the API, kube-apiserver v1.37 spends O(N) per
+// Service create, so 30,000 took most of an hour); -fill api creates them
+// through the API with 32 creators and a protobuf client without rate
+// limit. The fill prints its rate and each process's CPU time per 1,000
+// Services (where a slow fill's time goes).
 //
 // With -profile DIR, the watcher and agent serve /debug/pprof/ and log
 // every GC (GODEBUG=gctrace=1); at the (e) reading, their heap profiles
@@ -99,6 +102,7 @@ func main() {
 	nodePorts := flag.Bool("nodeports", false, "also time NodePort adds (f) and externalTrafficPolicy Local endpoint changes (g)")
 	apiProfile := flag.String("apiserver-profile", "", "write a 30 s CPU profile of kube-apiserver, taken during the last fill, to this file")
 	fillHow := flag.String("fill", "etcd", "how the N Services are made: etcd (written into etcd as a restore would, see etcdfill.go) or api (created through the API server)")
+	keepLogs := flag.String("keep-logs", "", "on failure, copy the cluster's process logs into this new directory")
 	fillStopped := flag.Bool("fill-stopped", true, "stop watcher and agent while the N Services are created; (a) is then their start → last VIP live")
 	flag.Parse()
 	var ns []int
@@ -120,7 +124,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bad -fill:", *fillHow)
 		os.Exit(2)
 	}
-	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped, *apiProfile, *fillHow == "etcd"); err != nil {
+	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped, *apiProfile, *fillHow == "etcd", *keepLogs); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -176,7 +180,7 @@ const (
 	watcherDebug = "127.0.0.1:19699"
 )
 
-func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool, apiProfile string, fillEtcd bool) error {
+func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool, apiProfile string, fillEtcd bool, keepLogs string) (retErr error) {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
 		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
 			"--profiling=" + strconv.FormatBool(apiProfile != "")}})
@@ -184,6 +188,14 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, 
 		return err
 	}
 	defer c.Close()
+	defer func() {
+		if retErr != nil && keepLogs != "" {
+			// The cluster's folder goes with Close: keep its logs.
+			if out, err := exec.Command("cp", "-r", filepath.Join(c.Dir, "logs"), keepLogs).CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "keep logs: %v: %s\n", err, out)
+			}
+		}
+	}()
 	kc := rest.CopyConfig(c.Config)
 	kc.QPS, kc.Burst = 5000, 10000
 	kc.ContentType = "application/vnd.kubernetes.protobuf"
@@ -738,6 +750,13 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		}
 	}
 	allLive := time.Since(t0)
+	// Steady state before anything is timed: watcher, agent and
+	// controller idle (under 5 % of a core each over a second).
+	settle, err := b.settle(5 * time.Minute)
+	if err != nil {
+		return r, err
+	}
+	fmt.Printf("  settled (watcher, agent, controller idle) %s after all were live\n", ms(settle))
 	if b.fillStopped {
 		fmt.Printf("  (a) ours: watcher and agent started with N present (agent's tables kept) → last VIP live %s, all %d live %s\n", ms(r.all), n, ms(allLive))
 	} else {
@@ -841,6 +860,31 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		return r, err
 	}
 	return r, nil
+}
+
+// settle waits until the watcher, the agent and the controller each used
+// under 5 % of a core over a second, and returns when that was.
+func (b *bench) settle(limit time.Duration) (time.Duration, error) {
+	t0 := time.Now()
+	procs := []*kubecluster.Process{b.procs["watcher"], b.procs["agent"], b.procs["controller"]}
+	for time.Since(t0) < limit {
+		var before []time.Duration
+		for _, p := range procs {
+			c, _ := cpuTime(p)
+			before = append(before, c)
+		}
+		time.Sleep(time.Second)
+		idle := true
+		for i, p := range procs {
+			if c, _ := cpuTime(p); c-before[i] > 50*time.Millisecond {
+				idle = false
+			}
+		}
+		if idle {
+			return time.Since(t0), nil
+		}
+	}
+	return 0, fmt.Errorf("watcher, agent and controller not idle within %s", limit)
 }
 
 // bump replaces the second endpoint of Service i's slice.
