@@ -144,13 +144,16 @@ conformance-images: binaries e2e coredns
 # [Disruptive] and cloud-only specs) or netpol ([Feature:NetworkPolicy],
 # peer kube-network-policies); CONFORMANCE_PEERS=kurma,kube-proxy (default:
 # the set's);
-# CONFORMANCE_FOCUS=<regexp> reruns some specs (reports under <set>-focus).
+# CONFORMANCE_FOCUS=<regexp> reruns some specs (reports under <set>-focus);
+# CONFORMANCE_NODES=2 runs each peer's cluster with two nodes, so that the
+# specs needing two run (reports under <set>-2nodes).
 CONFORMANCE_SET ?= conformance
 CONFORMANCE_PEERS ?=
+CONFORMANCE_NODES ?= 1
 conformance: test-deps build conformance-images knp
 	KURMA_BIN_DIR=$(BIN) KURMA_CONFORMANCE_SET=$(CONFORMANCE_SET) KURMA_CONFORMANCE_PEERS=$(CONFORMANCE_PEERS) \
-	  KURMA_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' \
-	  $(GO) test -count=1 -timeout 4h -v -run '^TestUpstream$$' ./test/conformance 2>&1 | tee $(BIN)/conformance-$(CONFORMANCE_SET).log; exit $${PIPESTATUS[0]}
+	  KURMA_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' KURMA_CONFORMANCE_NODES=$(CONFORMANCE_NODES) \
+	  $(GO) test -count=1 -timeout 4h -v -run '^TestUpstream$$' ./test/conformance 2>&1 | tee $(BIN)/conformance-$(CONFORMANCE_SET)-$(CONFORMANCE_NODES)n.log; exit $${PIPESTATUS[0]}
 
 # Images built from this repo's programs (see hack/build-images.sh).
 # (networking: the netplugin image packs bin/cni, hence tools.)

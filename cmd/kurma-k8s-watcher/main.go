@@ -98,6 +98,11 @@ func run() error {
 		return fmt.Errorf("kubernetes config: %w", err)
 	}
 	rc.QPS, rc.Burst = 200, 400
+	// Protobuf, as the agent, kube-proxy and the kubelet use: the watcher
+	// reads built-in types only, and its cold start lists every Service,
+	// EndpointSlice, Pod and Node of the cluster.
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	kc, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err

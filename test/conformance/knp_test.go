@@ -39,7 +39,7 @@ func startKNP(t *testing.T, ctx context.Context) *kubecluster.Cluster {
 			"userspace through the nftables queue expression, and this kernel rejects it (CONFIG_NFT_QUEUE is not set; "+
 			"nfnetlink_queue itself is present, modules cannot be loaded): %v", err)
 	}
-	c := startKubeProxy(t, ctx)
+	c := startKubeProxy(t, ctx, 1)
 	if err := c.Do(func() error {
 		return os.WriteFile("/proc/sys/net/bridge/bridge-nf-call-iptables", []byte("1"), 0o644)
 	}); err != nil {

@@ -50,6 +50,12 @@ type Set struct {
 	// Peers run when KURMA_CONFORMANCE_PEERS is empty (default: Kurma,
 	// then kube-proxy).
 	Peers []string
+	// Nodes is the number of nodes of each peer's cluster (default 1;
+	// KURMA_CONFORMANCE_NODES). With 2, the specs that need two nodes run:
+	// Kurma's agent runs on each node (VXLAN between them), and the peer's
+	// kube-proxy and bridge (a pod range per node, routed over the
+	// underlay).
+	Nodes int
 }
 
 // Sets by name (KURMA_CONFORMANCE_SET).
@@ -98,10 +104,10 @@ func (r Run) Count(state string) int {
 	return n
 }
 
-// clusterOptions is what the suite assumes of a cluster.
-func clusterOptions() kubecluster.Options {
+// clusterOptions is what the suite assumes of a cluster of nodes nodes.
+func clusterOptions(nodes int) kubecluster.Options {
 	bin := kubecluster.BinDir()
-	return kubecluster.Options{ControllerManager: true, Scheduler: true, PublicAPIServer: true, KubeletAPI: true,
+	return kubecluster.Options{Nodes: nodes, ControllerManager: true, Scheduler: true, PublicAPIServer: true, KubeletAPI: true,
 		ClusterDNS: kubecluster.ClusterDNSIP,
 		Images: []string{filepath.Join(bin, "images", "conformance-agnhost.tar"),
 			filepath.Join(bin, "images", "conformance-coredns.tar")}}
@@ -119,10 +125,10 @@ func requireBuild(t *testing.T) {
 	}
 }
 
-// startKurma starts a cluster whose CNI is the kurma-k8s driver with
-// portmap chained, the controller, the watcher and the node's agent (the
-// Service proxy: no kube-proxy), and CoreDNS.
-func startKurma(t *testing.T, ctx context.Context, wait time.Duration) *kubecluster.Cluster {
+// startKurma starts a cluster of nodes nodes whose CNI is the kurma-k8s
+// driver with portmap chained, the controller, the watcher and each node's
+// agent (the Service proxy: no kube-proxy), and CoreDNS.
+func startKurma(t *testing.T, ctx context.Context, wait time.Duration, nodes int) *kubecluster.Cluster {
 	sockDir, err := os.MkdirTemp("", "kurma-cf-")
 	if err != nil {
 		t.Fatal(err)
@@ -136,8 +142,13 @@ func startKurma(t *testing.T, ctx context.Context, wait time.Duration) *kubeclus
 			t.Fatal(err)
 		}
 	}
-	opts := clusterOptions()
+	opts := clusterOptions(nodes)
 	opts.CNIConfList, opts.CNIBinDir = cniwire.ConfList(sock, true), cniBin
+	if nodes > 1 {
+		// The conflist names one socket path; each node sees its own
+		// folder there, where its agent listens.
+		opts.NodeDirs = []string{sockDir}
+	}
 	if wait <= 0 {
 		wait = 20 * time.Minute
 	}
@@ -145,6 +156,9 @@ func startKurma(t *testing.T, ctx context.Context, wait time.Duration) *kubeclus
 	e.StartWatcher("--service-cidr", kubecluster.ServiceCIDR)
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
 		"--node-ip", kubecluster.NodeIP)
+	for _, n := range e.C.Nodes[1:] {
+		e.StartAgentOnNode(n, sock, "--service-cidr", kubecluster.ServiceCIDR, "--node-ip", n.IP)
+	}
 	// Runs before the agent stops (cleanups run last-in first-out): the
 	// sandboxes go while their CNI DEL can still reach the agent.
 	t.Cleanup(func() { removePods(t, e.C) })
@@ -152,8 +166,8 @@ func startKurma(t *testing.T, ctx context.Context, wait time.Duration) *kubeclus
 	return e.C
 }
 
-// removePods deletes CoreDNS and every pod left and waits until the node
-// holds no container.
+// removePods deletes CoreDNS and every pod left and waits until the nodes
+// hold no container.
 func removePods(t *testing.T, c *kubecluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -177,21 +191,31 @@ func removePods(t *testing.T, c *kubecluster.Cluster) {
 	if err := c.WaitNoPods(ctx, "", ""); err != nil {
 		t.Logf("pods left: %v", err)
 	}
-	for ctx.Err() == nil {
-		out, err := exec.CommandContext(ctx, "ctr", "-a", c.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q").Output()
-		if err == nil && strings.TrimSpace(string(out)) == "" {
+	for _, n := range c.Nodes {
+		for ctx.Err() == nil {
+			out, err := exec.CommandContext(ctx, "ctr", "-a", n.ContainerdSocket, "-n", "k8s.io", "containers", "ls", "-q").Output()
+			if err == nil && strings.TrimSpace(string(out)) == "" {
+				break
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			t.Logf("containers left on node %s after the pods were deleted", n.Name)
 			return
 		}
-		time.Sleep(300 * time.Millisecond)
 	}
-	t.Logf("containers left on the node after the pods were deleted")
 }
 
-// startKubeProxy starts the peer: bridge + host-local + portmap, and
-// kube-proxy in nftables mode, and CoreDNS.
-func startKubeProxy(t *testing.T, ctx context.Context) *kubecluster.Cluster {
-	opts := clusterOptions()
-	opts.CNIConfList = kubecluster.BridgeConfList("cfbr0", "10.244.0.0/24", t.TempDir())
+// startKubeProxy starts the peer on nodes nodes: bridge + host-local +
+// portmap, with pod range 10.244.i.0/24 on node i, each node routing the
+// others' ranges to their underlay address; kube-proxy in nftables mode on
+// every node; and CoreDNS.
+func startKubeProxy(t *testing.T, ctx context.Context, nodes int) *kubecluster.Cluster {
+	opts := clusterOptions(nodes)
+	for i := range max(nodes, 1) {
+		opts.CNIConfLists = append(opts.CNIConfLists, kubecluster.BridgeConfList("cfbr0", podRange(i), t.TempDir()))
+	}
+	opts.CNIConfList = opts.CNIConfLists[0]
 	opts.ChainPortmap = true
 	c, err := kubecluster.Start(ctx, opts)
 	if err != nil {
@@ -202,12 +226,27 @@ func startKubeProxy(t *testing.T, ctx context.Context) *kubecluster.Cluster {
 			t.Errorf("close cluster: %v", err)
 		}
 	})
-	if _, err := c.StartKubeProxy(ctx, "--cluster-cidr="+podCIDR); err != nil {
-		t.Fatal(err)
+	for i, n := range c.Nodes {
+		for j, to := range c.Nodes {
+			if i == j {
+				continue
+			}
+			if out, err := n.Command(ctx, "ip", "route", "add", podRange(j), "via", to.IP).CombinedOutput(); err != nil {
+				t.Fatalf("route %s on %s: %v: %s", podRange(j), n.Name, err, out)
+			}
+		}
+	}
+	for _, n := range c.Nodes {
+		if _, err := n.StartKubeProxy(ctx, "--cluster-cidr="+podCIDR); err != nil {
+			t.Fatal(err)
+		}
 	}
 	deployDNS(t, ctx, c)
 	return c
 }
+
+// podRange is the bridge peer's pod range on node i, within podCIDR.
+func podRange(i int) string { return fmt.Sprintf("10.244.%d.0/24", i) }
 
 func deployDNS(t *testing.T, ctx context.Context, c *kubecluster.Cluster) {
 	t.Helper()
@@ -228,9 +267,9 @@ func runSuite(t *testing.T, peer string, set Set, label string) Run {
 	var c *kubecluster.Cluster
 	switch peer {
 	case Kurma:
-		c = startKurma(t, ctx, set.Wait)
+		c = startKurma(t, ctx, set.Wait, set.Nodes)
 	case KubeProxy:
-		c = startKubeProxy(t, ctx)
+		c = startKubeProxy(t, ctx, set.Nodes)
 	case KNP:
 		c = startKNP(t, ctx)
 	default:
@@ -429,6 +468,16 @@ func TestUpstream(t *testing.T) {
 			t.Fatalf("KURMA_CONFORMANCE_PROCS=%q", p)
 		}
 		set.Procs = n
+	}
+	if v := os.Getenv("KURMA_CONFORMANCE_NODES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 8 {
+			t.Fatalf("KURMA_CONFORMANCE_NODES=%q: want 1 to 8", v)
+		}
+		if set.Nodes = n; n > 1 {
+			// Reports of their own, beside the one-node run's.
+			set.Name += "-" + v + "nodes"
+		}
 	}
 	if f := os.Getenv("KURMA_CONFORMANCE_FOCUS"); f != "" {
 		// A rerun of some specs of the set (make conformance

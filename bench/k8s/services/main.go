@@ -6,7 +6,10 @@
 // EndpointSlices written through the API as a selector-less Service's
 // would be):
 //
-//	(a) ours: last object created → its VIP live in the kernel;
+//	(a) ours: watcher and agent, stopped while the Services were
+//	    created (-fill-stopped, the default), started → the last VIP live
+//	    in the kernel; with -fill-stopped=false, last object created →
+//	    its VIP live;
 //	(b) one Service added (slice first): API write returned → VIP live,
 //	    p50/p99 of -adds;
 //	(c) one endpoint replaced (slice update): write returned → the new
@@ -31,6 +34,13 @@
 // advises; the result is checked once afterwards with nft, outside the
 // timed interval. The two run one after the other against the same API
 // server and objects (so they do not share the 2 cores while timed).
+//
+// The N Services are written into etcd by default (-fill etcd, see
+// etcdfill.go: through the API, kube-apiserver v1.37 spends O(N) per
+// Service create, so 30,000 took most of an hour); -fill api creates them
+// through the API with 32 creators and a protobuf client without rate
+// limit. The fill prints its rate and each process's CPU time per 1,000
+// Services (where a slow fill's time goes).
 //
 // With -profile DIR, the watcher and agent serve /debug/pprof/ and log
 // every GC (GODEBUG=gctrace=1); at the (e) reading, their heap profiles
@@ -64,6 +74,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"kurma.dev/kurma/bench/internal/benchutil"
 	"kurma.dev/kurma/internal/kube/podnet"
@@ -88,6 +100,10 @@ func main() {
 	profile := flag.String("profile", "", "save heap profiles, MemStats and GC traces of watcher and agent in this directory")
 	gcPercent := flag.String("gc-percent", "", "pass --gc-percent to watcher and agent (empty: their default)")
 	nodePorts := flag.Bool("nodeports", false, "also time NodePort adds (f) and externalTrafficPolicy Local endpoint changes (g)")
+	apiProfile := flag.String("apiserver-profile", "", "write a 30 s CPU profile of kube-apiserver, taken during the last fill, to this file")
+	fillHow := flag.String("fill", "etcd", "how the N Services are made: etcd (written into etcd as a restore would, see etcdfill.go) or api (created through the API server)")
+	keepLogs := flag.String("keep-logs", "", "on failure, copy the cluster's process logs into this new directory")
+	fillStopped := flag.Bool("fill-stopped", true, "stop watcher and agent while the N Services are created; (a) is then their start → last VIP live")
 	flag.Parse()
 	var ns []int
 	for _, f := range strings.Split(*sizes, ",") {
@@ -104,7 +120,11 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts); err != nil {
+	if *fillHow != "etcd" && *fillHow != "api" {
+		fmt.Fprintln(os.Stderr, "bad -fill:", *fillHow)
+		os.Exit(2)
+	}
+	if err := run(context.Background(), ns, *adds, *profile, *gcPercent, *nodePorts, *fillStopped, *apiProfile, *fillHow == "etcd", *keepLogs); err != nil {
 		fmt.Fprintln(os.Stderr, "services bench:", err)
 		os.Exit(1)
 	}
@@ -125,7 +145,10 @@ type row struct {
 }
 
 type bench struct {
-	c         *kubecluster.Cluster
+	c *kubecluster.Cluster
+	// k is the bench's own client: protobuf, and a rate limit far above
+	// what the API server takes, so that the fill is paced by the server.
+	k         kubernetes.Interface
 	ctl       *capi.Client
 	dir       string
 	nf        *mnl.Conn
@@ -136,6 +159,19 @@ type bench struct {
 	profile   string // -profile directory, or ""
 	gcPercent string // -gc-percent, or ""
 	nodePorts bool   // -nodeports
+	// fillStopped: watcher and agent are stopped while Services are
+	// created, and (a) is their start → last VIP live.
+	fillStopped bool
+	apiProfile  string   // -apiserver-profile file, or ""
+	fillEtcd    bool     // -fill etcd
+	vips        []string // ClusterIP of fill Service i
+}
+
+// growVIPs makes room for n fill Services' VIPs.
+func (b *bench) growVIPs(n int) {
+	if len(b.vips) < n {
+		b.vips = append(b.vips, make([]string, n-len(b.vips))...)
+	}
 }
 
 // Debug listeners of watcher and agent with -profile.
@@ -144,14 +180,32 @@ const (
 	watcherDebug = "127.0.0.1:19699"
 )
 
-func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts bool) error {
+func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, nodePorts, fillStopped bool, apiProfile string, fillEtcd bool, keepLogs string) (retErr error) {
 	c, err := kubecluster.Start(ctx, kubecluster.Options{NoNode: true,
-		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400"}})
+		APIServerArgs: []string{"--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
+			"--profiling=" + strconv.FormatBool(apiProfile != "")}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	b := &bench{c: c, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent, nodePorts: nodePorts}
+	defer func() {
+		if retErr != nil && keepLogs != "" {
+			// The cluster's folder goes with Close: keep its logs.
+			if out, err := exec.Command("cp", "-r", filepath.Join(c.Dir, "logs"), keepLogs).CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "keep logs: %v: %s\n", err, out)
+			}
+		}
+	}()
+	kc := rest.CopyConfig(c.Config)
+	kc.QPS, kc.Burst = 5000, 10000
+	kc.ContentType = "application/vnd.kubernetes.protobuf"
+	kc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	k, err := kubernetes.NewForConfig(kc)
+	if err != nil {
+		return err
+	}
+	b := &bench{c: c, k: k, dir: c.Dir, procs: map[string]*kubecluster.Process{}, profile: profile, gcPercent: gcPercent,
+		nodePorts: nodePorts, fillStopped: fillStopped, apiProfile: apiProfile, fillEtcd: fillEtcd}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -269,7 +323,7 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := b.startWatcher(); err != nil {
 		return err
 	}
-	k := b.c.Client
+	k := b.k
 	if _, err := k.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
@@ -402,10 +456,10 @@ func service(name string, kind svcKind) *corev1.Service {
 // svcAndSlice creates Service i's slice (2 endpoints) and then the Service.
 func (b *bench) svcAndSlice(ctx context.Context, i int, kind svcKind) (*corev1.Service, error) {
 	name := "s-" + strconv.Itoa(i)
-	if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
+	if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	return b.c.Client.CoreV1().Services(ns).Create(ctx, service(name, kind), metav1.CreateOptions{})
+	return b.k.CoreV1().Services(ns).Create(ctx, service(name, kind), metav1.CreateOptions{})
 }
 
 func member(i, k, gen int) string {
@@ -429,6 +483,67 @@ func slice(name string, i, gen int) *discoveryv1.EndpointSlice {
 	return s
 }
 
+// timedFill runs fill and prints its rate and the CPU time each of the
+// cluster's processes spent during it, per 1,000 Services: where a slow
+// fill's time goes.
+func (b *bench) timedFill(ctx context.Context, n int) (*corev1.Service, error) {
+	procs := b.c.Processes()
+	before := make([]time.Duration, len(procs))
+	for i, p := range procs {
+		before[i], _ = cpuTime(p)
+	}
+	from, t0 := b.created, time.Now()
+	profDone := make(chan error, 1)
+	if b.apiProfile != "" && n > from {
+		// Overwritten by each fill: the last (largest) one's is kept.
+		go func() { profDone <- b.apiserverProfile(ctx) }()
+	} else {
+		profDone <- nil
+	}
+	var last *corev1.Service
+	var err error
+	if b.fillEtcd {
+		last, err = b.etcdFill(ctx, n)
+	} else {
+		last, err = b.fill(ctx, n)
+	}
+	d := time.Since(t0)
+	if perr := <-profDone; perr != nil {
+		fmt.Printf("  kube-apiserver profile: %v\n", perr)
+	}
+	if err != nil || n == from {
+		return last, err
+	}
+	per := float64(n-from) / 1000
+	var cpu []string
+	for i, p := range procs {
+		select {
+		case <-p.Done():
+			continue
+		default:
+		}
+		if after, err := cpuTime(p); err == nil && after-before[i] >= 10*time.Millisecond {
+			cpu = append(cpu, fmt.Sprintf("%s %.2f s", p.Name, (after-before[i]).Seconds()/per))
+		}
+	}
+	la, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("  fill: %d Services + slices in %s (%.0f Services/s, load %s); CPU per 1,000: %s\n",
+		n-from, ms(d), float64(n-from)/d.Seconds(), strings.Join(strings.Fields(string(la))[:3], " "), strings.Join(cpu, ", "))
+	return last, nil
+}
+
+// apiserverProfile writes a 30 s CPU profile of kube-apiserver, started
+// with a fill, to -apiserver-profile (a fill shorter than that waits for
+// it, outside its timed part).
+func (b *bench) apiserverProfile(ctx context.Context) error {
+	body, err := b.k.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "30").
+		Timeout(2 * time.Minute).DoRaw(ctx)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(b.apiProfile, body, 0o644)
+}
+
 // fill creates Services up to n with 32 workers and returns the last.
 func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
 	var mu sync.Mutex
@@ -436,6 +551,7 @@ func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
 	var firstErr error
 	next := b.created
 	var wg sync.WaitGroup
+	b.growVIPs(n)
 	for range 32 {
 		wg.Go(func() {
 			for {
@@ -453,6 +569,9 @@ func (b *bench) fill(ctx context.Context, n int) (*corev1.Service, error) {
 				}
 				if s != nil && (last == nil || i == n-1) {
 					last = s
+				}
+				if s != nil {
+					b.vips[i] = s.Spec.ClusterIP
 				}
 				mu.Unlock()
 			}
@@ -560,7 +679,7 @@ func (b *bench) nodePortsOurs(ctx context.Context, r *row, adds int) ([]string, 
 				npS = append(npS, time.Since(t1))
 				continue
 			}
-			if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+			if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
 				return made, err
 			}
 			t1 = time.Now()
@@ -601,17 +720,48 @@ func wait(limit time.Duration, what string, f func() error) error {
 
 func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	r := row{n: n}
-	fmt.Printf("N=%d: creating %d Services and slices...\n", n, n-b.created)
-	last, err := b.fill(ctx, n)
+	fmt.Printf("N=%d: creating %d Services and slices (watcher and agent %s)...\n", n, n-b.created,
+		map[bool]string{true: "stopped", false: "running"}[b.fillStopped])
+	if b.fillStopped {
+		b.kill("watcher")
+		b.kill("agent")
+	}
+	last, err := b.timedFill(ctx, n)
 	if err != nil {
 		return r, err
 	}
 	t0 := time.Now()
+	if b.fillStopped {
+		if err := b.startAgent(); err != nil {
+			return r, err
+		}
+		if err := b.startWatcher(); err != nil {
+			return r, err
+		}
+	}
 	if err := spin(10*time.Minute, "last VIP live", func() (bool, error) { return b.vipLive(last.Spec.ClusterIP) }); err != nil {
 		return r, err
 	}
 	r.all = time.Since(t0)
-	fmt.Printf("  (a) ours: last created → live %s\n", ms(r.all))
+	// Every VIP live before anything is timed.
+	for i := range n {
+		if err := spin(10*time.Minute, "VIP "+b.vips[i]+" live", func() (bool, error) { return b.vipLive(b.vips[i]) }); err != nil {
+			return r, err
+		}
+	}
+	allLive := time.Since(t0)
+	// Steady state before anything is timed: watcher, agent and
+	// controller idle (under 5 % of a core each over a second).
+	settle, err := b.settle(5 * time.Minute)
+	if err != nil {
+		return r, err
+	}
+	fmt.Printf("  settled (watcher, agent, controller idle) %s after all were live\n", ms(settle))
+	if b.fillStopped {
+		fmt.Printf("  (a) ours: watcher and agent started with N present (agent's tables kept) → last VIP live %s, all %d live %s\n", ms(r.all), n, ms(allLive))
+	} else {
+		fmt.Printf("  (a) ours: last created → live %s, all %d live %s\n", ms(r.all), n, ms(allLive))
+	}
 
 	// (b), (c) ours.
 	var addS, memS benchutil.Samples
@@ -629,7 +779,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		}
 		addS = append(addS, time.Since(t1))
 		extra = append(extra, s.Name)
-		if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+		if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
 			return r, err
 		}
 		t1 = time.Now()
@@ -651,8 +801,8 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	}
 	// Keep N exact for the peer: remove the extra Services.
 	for _, name := range extra {
-		_ = b.c.Client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		_ = b.c.Client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-x", metav1.DeleteOptions{})
+		_ = b.k.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = b.k.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-x", metav1.DeleteOptions{})
 	}
 	wrss, _ := hwm(b.procs["watcher"])
 	arss, _ := hwm(b.procs["agent"])
@@ -674,7 +824,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	for _, t := range []string{lbTable, nftTable} {
 		_ = b.c.Command(ctx, "nft", "delete", "table", "inet", t).Run()
 	}
-	first, err := b.c.Client.CoreV1().Services(ns).Get(ctx, "s-0", metav1.GetOptions{})
+	first, err := b.k.CoreV1().Services(ns).Get(ctx, "s-0", metav1.GetOptions{})
 	if err != nil {
 		return r, err
 	}
@@ -712,10 +862,35 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	return r, nil
 }
 
+// settle waits until the watcher, the agent and the controller each used
+// under 5 % of a core over a second, and returns when that was.
+func (b *bench) settle(limit time.Duration) (time.Duration, error) {
+	t0 := time.Now()
+	procs := []*kubecluster.Process{b.procs["watcher"], b.procs["agent"], b.procs["controller"]}
+	for time.Since(t0) < limit {
+		var before []time.Duration
+		for _, p := range procs {
+			c, _ := cpuTime(p)
+			before = append(before, c)
+		}
+		time.Sleep(time.Second)
+		idle := true
+		for i, p := range procs {
+			if c, _ := cpuTime(p); c-before[i] > 50*time.Millisecond {
+				idle = false
+			}
+		}
+		if idle {
+			return time.Since(t0), nil
+		}
+	}
+	return 0, fmt.Errorf("watcher, agent and controller not idle within %s", limit)
+}
+
 // bump replaces the second endpoint of Service i's slice.
 func (b *bench) bump(ctx context.Context, name string, i int) *discoveryv1.EndpointSlice {
 	s := slice(name, i, 1)
-	if cur, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Get(ctx, name+"-x", metav1.GetOptions{}); err == nil {
+	if cur, err := b.k.DiscoveryV1().EndpointSlices(ns).Get(ctx, name+"-x", metav1.GetOptions{}); err == nil {
 		s.ResourceVersion = cur.ResourceVersion
 	}
 	return s
@@ -760,11 +935,11 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 		// The slice first (its own sync), then, once kube-proxy is quiet,
 		// the Service: the next sync is the one that includes it.
 		name := "s-" + strconv.Itoa(i)
-		if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
+		if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
 			return err
 		}
 		tail.quiet()
-		s, err := b.c.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		s, err := b.k.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
 		}, metav1.CreateOptions{})
@@ -779,7 +954,7 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 		addS = append(addS, at.Sub(t1))
 		vips, names = append(vips, s.Spec.ClusterIP), append(names, s.Name)
 		tail.quiet()
-		if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+		if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
 			return err
 		}
 		t1 = time.Now()
@@ -796,11 +971,11 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 				i := 1_000_000 + b.seq
 				b.seq++
 				name := "s-" + strconv.Itoa(i)
-				if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
+				if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice(name, i, 0), metav1.CreateOptions{}); err != nil {
 					return err
 				}
 				tail.quiet()
-				s, err := b.c.Client.CoreV1().Services(ns).Create(ctx, service(name, kind), metav1.CreateOptions{})
+				s, err := b.k.CoreV1().Services(ns).Create(ctx, service(name, kind), metav1.CreateOptions{})
 				if err != nil {
 					return err
 				}
@@ -816,7 +991,7 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 					continue
 				}
 				tail.quiet()
-				if _, err := b.c.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
+				if _, err := b.k.DiscoveryV1().EndpointSlices(ns).Update(ctx, b.bump(ctx, s.Name, i), metav1.UpdateOptions{}); err != nil {
 					return err
 				}
 				t1 = time.Now()
@@ -855,8 +1030,8 @@ func (b *bench) kubeProxy(ctx context.Context, r *row, adds int) error {
 		}
 	}
 	for _, name := range names {
-		_ = b.c.Client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		_ = b.c.Client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-x", metav1.DeleteOptions{})
+		_ = b.k.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = b.k.DiscoveryV1().EndpointSlices(ns).Delete(ctx, name+"-x", metav1.DeleteOptions{})
 	}
 	p.Stop(10 * time.Second)
 	_ = b.c.Command(ctx, "nft", "delete", "table", "ip", "kube-proxy").Run()

@@ -86,6 +86,10 @@ type Options struct {
 	// written as the only file of the CRI's conf dir. Without it the node
 	// stays NotReady and Start does not wait for Ready.
 	CNIConfList []byte
+	// CNIConfLists, when it has an entry for node i (0-based), is that
+	// node's own conflist instead of CNIConfList (per-node pod ranges of a
+	// host-local bridge).
+	CNIConfLists [][]byte
 	// CNIBinDir holds the plugins CNIConfList names. The node's plugin
 	// folder links every file of it, plus the upstream loopback plugin
 	// (containerd runs it for every sandbox) when it is missing.
@@ -319,8 +323,12 @@ func Start(ctx context.Context, opts Options) (c *Cluster, retErr error) {
 	if err := c.saveRecord(); err != nil {
 		return c, err
 	}
-	for _, n := range c.Nodes {
-		if err := c.startNode(ctx, n, opts); err != nil {
+	for i, n := range c.Nodes {
+		conf := opts.CNIConfList
+		if i < len(opts.CNIConfLists) && opts.CNIConfLists[i] != nil {
+			conf = opts.CNIConfLists[i]
+		}
+		if err := c.startNode(ctx, n, opts, conf); err != nil {
 			return c, fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}

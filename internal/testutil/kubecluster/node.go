@@ -49,10 +49,10 @@ type Node struct {
 	binds map[string]string
 }
 
-// startNode runs the node's containerd with the CRI plugin and its
-// kubelet, imports the offline images, and waits for the Node (Ready if a
-// CNI config is set).
-func (c *Cluster) startNode(ctx context.Context, n *Node, opts Options) error {
+// startNode writes conf (the node's conflist, if any), runs the node's
+// containerd with the CRI plugin and its kubelet, imports the offline
+// images, and waits for the Node (Ready if it has a conflist).
+func (c *Cluster) startNode(ctx context.Context, n *Node, opts Options, conf []byte) error {
 	base := filepath.Base(c.Dir)
 	n.CgroupRoot = "/" + base + n.suffix
 	n.ContainerdSocket = filepath.Join(n.Dir, "containerd", "containerd.sock")
@@ -70,8 +70,7 @@ func (c *Cluster) startNode(ctx context.Context, n *Node, opts Options) error {
 	if err := os.MkdirAll(n.CNIConfDir, 0o755); err != nil {
 		return err
 	}
-	if opts.CNIConfList != nil {
-		conf := opts.CNIConfList
+	if conf != nil {
 		var err error
 		if opts.ChainPortmap {
 			if conf, err = ChainPortmap(conf); err != nil {
@@ -91,7 +90,7 @@ func (c *Cluster) startNode(ctx context.Context, n *Node, opts Options) error {
 			return err
 		}
 	}
-	return n.startKubelet(ctx, opts)
+	return n.startKubelet(ctx, opts, conf != nil)
 }
 
 // linkCNIBin fills dir with links to every file of src, and to the
@@ -239,7 +238,7 @@ func (n *Node) ImportImage(ctx context.Context, path string) error {
 	return err
 }
 
-func (n *Node) startKubelet(ctx context.Context, opts Options) error {
+func (n *Node) startKubelet(ctx context.Context, opts Options, cni bool) error {
 	d := filepath.Join(n.Dir, "kubelet")
 	if err := os.MkdirAll(filepath.Join(d, "pod-logs"), 0o755); err != nil {
 		return err
@@ -304,7 +303,7 @@ kubeAPIBurst: 200
 	if err != nil {
 		return err
 	}
-	return n.waitNode(ctx, p, opts.CNIConfList != nil)
+	return n.waitNode(ctx, p, cni)
 }
 
 // waitNode waits until the Node exists and, if ready is set, is Ready.
