@@ -87,7 +87,7 @@ func elementsOf(p *Pod) []elem {
 		return nil
 	}
 	pod := u32(p.IP)
-	var out []elem
+	out := make([]elem, 0, 2+len(p.Ingress.Allow)+len(p.Egress.Allow))
 	for d, dir := range []Dir{p.Ingress, p.Egress} {
 		if !dir.Isolated {
 			continue

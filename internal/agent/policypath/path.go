@@ -371,7 +371,14 @@ func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("policypath: %w", err)
 	}
+	var count [numSets]int
+	for e := range p.refs {
+		count[e.set]++
+	}
 	var bySet [numSets][]elem
+	for i, n := range count {
+		bySet[i] = make([]elem, 0, n)
+	}
 	for e := range p.refs {
 		bySet[e.set] = append(bySet[e.set], e)
 	}

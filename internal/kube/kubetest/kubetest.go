@@ -222,6 +222,7 @@ type Agent struct {
 	Socket, StateDir  string
 	Prefix, NFT, Node string
 	args              []string
+	on                *kubecluster.Node // nil: the cluster's namespace
 }
 
 // StartAgent runs kurma-agent for node (host id = node name) inside the
@@ -255,12 +256,62 @@ func (e *Env) StartAgentAt(node, underlayIP, socket string, extra ...string) *Ag
 func (e *Env) RestartAgent(a *Agent) {
 	e.T.Helper()
 	<-a.Proc.Done()
-	_ = os.Remove(a.Socket)
-	a.Proc = e.StartProc("agent-"+a.Node, e.Bin("kurma-agent"), a.args...)
+	if a.on != nil {
+		_ = os.Remove(a.on.HostPath(a.Socket))
+		a.Proc = e.startOn(a.on, "agent-"+a.Node, e.Bin("kurma-agent"), a.args...)
+	} else {
+		_ = os.Remove(a.Socket)
+		a.Proc = e.StartProc("agent-"+a.Node, e.Bin("kurma-agent"), a.args...)
+	}
 	e.Eventually(20*time.Second, "agent socket", func() error {
-		_, err := os.Stat(a.Socket)
+		_, err := os.Stat(a.hostSocket())
 		return err
 	})
+}
+
+// hostSocket is the agent's CNI socket in the test's view.
+func (a *Agent) hostSocket() string {
+	if a.on != nil {
+		return a.on.HostPath(a.Socket)
+	}
+	return a.Socket
+}
+
+// StartAgentOn runs kurma-agent for a node after the first of a cluster
+// of several (Options.Nodes), inside that node's network and mount
+// namespaces, as on a machine of its own: its underlay address is the
+// node's, it reaches the API server over the underlay (the node's
+// kubeconfig) and the controller through a forwarder on the node's
+// loopback. socket is the CNI socket in the node's view (the path in its
+// conflist, StartWithDriver); the agent's state lives in the node's folder.
+func (e *Env) StartAgentOn(n *kubecluster.Node, socket string, extra ...string) *Agent {
+	e.T.Helper()
+	e.Forward(e.T, n.NetNS, ControllerAddr)
+	e.n++
+	dir := filepath.Join(n.Dir, "agent")
+	a := &Agent{Socket: socket, StateDir: filepath.Join(dir, "state"),
+		Prefix: "kt" + strconv.Itoa(e.n%100), NFT: "kurma-kubetest-" + strconv.Itoa(e.n), Node: n.Name, on: n}
+	a.args = append([]string{"--controller", e.CtlURL, "--token-file", e.TokenFile(), "--host-id", n.Name,
+		"--underlay-ip", n.IP, "--state-dir", a.StateDir, "--link-prefix", a.Prefix, "--nft-table", a.NFT,
+		"--k8s-node-name", n.Name, "--k8s-kubeconfig", n.Kubeconfig(), "--k8s-cni-socket", a.Socket, "-v"}, extra...)
+	a.Proc = e.startOn(n, "agent-"+n.Name, e.Bin("kurma-agent"), a.args...)
+	e.Eventually(30*time.Second, n.Name+" agent socket", func() error {
+		_, err := os.Stat(a.hostSocket())
+		return err
+	})
+	return a
+}
+
+// startOn starts a binary inside node n's namespaces.
+func (e *Env) startOn(n *kubecluster.Node, name, bin string, args ...string) *kubecluster.Process {
+	e.T.Helper()
+	e.n++
+	p, err := n.StartProcess(name+"-"+strconv.Itoa(e.n), exec.Command(bin, args...))
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	e.T.Cleanup(func() { p.Stop(5 * time.Second) })
+	return p
 }
 
 // ConfList is the node conflist for the kurma-k8s driver on socket.
