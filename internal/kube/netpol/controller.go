@@ -183,8 +183,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.fac.Shutdown()
 	// The handlers' own sync, not only the caches': the first full sync
 	// must see every object the initial lists returned.
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return fmt.Errorf("netpol: watches did not sync: %w", context.Cause(ctx))
+	if err := waitSynced(ctx, c.synced); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	c.needFull = true
@@ -222,6 +222,28 @@ func (c *Controller) Run(ctx context.Context) error {
 			c.mu.Lock()
 			c.needFull = true
 			c.mu.Unlock()
+		}
+	}
+}
+
+// waitSynced waits until every handler has seen its watch's initial
+// list, checking every 5 ms (client-go's WaitForCacheSync checks every
+// 100 ms, which a cold start would wait for in vain).
+func waitSynced(ctx context.Context, synced []cache.InformerSynced) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		done := true
+		for _, s := range synced {
+			done = done && s()
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("netpol: watches did not sync: %w", context.Cause(ctx))
+		case <-t.C:
 		}
 	}
 }
