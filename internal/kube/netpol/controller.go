@@ -179,6 +179,7 @@ func (c *Controller) event(f func()) {
 // Run starts the watches, programs the full state once they have
 // synced, then each change, until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
+	start := time.Now()
 	c.fac.Start(ctx.Done())
 	defer c.fac.Shutdown()
 	// The handlers' own sync, not only the caches': the first full sync
@@ -186,6 +187,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := waitSynced(ctx, c.synced); err != nil {
 		return err
 	}
+	c.log.Info("netpol: watches synced", "took", time.Since(start))
 	c.mu.Lock()
 	c.needFull = true
 	c.mu.Unlock()
@@ -265,6 +267,7 @@ func (c *Controller) full(ctx context.Context) error {
 	since := c.since
 	c.since = time.Time{}
 	c.mu.Unlock()
+	computed := time.Since(start)
 	if err := c.cfg.Datapath.Sync(ctx, all); err != nil {
 		return err
 	}
@@ -277,7 +280,7 @@ func (c *Controller) full(ctx context.Context) error {
 	c.ready = true
 	c.wakeAll()
 	c.mu.Unlock()
-	c.log.Info("netpol: full sync", "local_pods", len(all), "took", time.Since(start))
+	c.log.Info("netpol: full sync", "local_pods", len(all), "compute", computed, "took", time.Since(start))
 	return nil
 }
 
