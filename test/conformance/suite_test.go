@@ -157,7 +157,7 @@ func startKurma(t *testing.T, ctx context.Context, wait time.Duration, nodes int
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
 		"--node-ip", kubecluster.NodeIP)
 	for _, n := range e.C.Nodes[1:] {
-		e.StartAgentOnNode(n, sock, "--service-cidr", kubecluster.ServiceCIDR, "--node-ip", n.IP)
+		e.StartAgentOn(n, sock, "--service-cidr", kubecluster.ServiceCIDR, "--node-ip", n.IP)
 	}
 	// Runs before the agent stops (cleanups run last-in first-out): the
 	// sandboxes go while their CNI DEL can still reach the agent.

@@ -372,7 +372,17 @@ func (b *bench) startChild(ctx context.Context, n int) (time.Duration, error) {
 	if err := waitLog(logPath, readyMsg, 5*time.Minute); err != nil {
 		return 0, err
 	}
-	return time.Since(start), nil
+	took := time.Since(start)
+	// The child's own split: watches synced (lists), then the full
+	// sync's compute and programming.
+	if out, err := os.ReadFile(logPath); err == nil {
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "netpol: watches synced") || strings.Contains(l, "netpol: full sync") {
+				fmt.Printf("N=%d cold: %s\n", n, l)
+			}
+		}
+	}
+	return took, nil
 }
 
 func (b *bench) size(ctx context.Context, n, adds int) (row, error) {

@@ -38,9 +38,16 @@
 // traffic to and from its pods is always allowed.
 //
 // Apply takes the wanted rules of the pods that changed and commits, in
-// one netlink transaction, only the elements that differ from the mirror
-// of the kernel. Sync reads every set back and makes the kernel equal to
-// the whole wanted state (after a restart or kill -9).
+// one netlink transaction, only the elements whose wanted state changed
+// (each owner's references are counted; the path remembers, for the
+// elements touched since the last commit, whether the kernel held them).
+// Sync makes the kernel equal to the whole wanted state whatever it held
+// (after a restart or kill -9, or drift): one atomic transaction flushes
+// every policy set and adds every wanted element, O(elements) in the
+// kernel with nothing read back (a dump of a hashed set is quadratic in
+// its messages; Kernel reads the sets, for tests). Elements are
+// fixed-size and pointer-free, so the maps of hundreds of thousands of
+// them are not scanned by the garbage collector.
 //
 // Established connections survive a policy that now forbids them (only
 // new connections are checked), as in kube-network-policies' default

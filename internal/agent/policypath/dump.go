@@ -23,8 +23,8 @@ const dumpBuf = 64 << 10
 const nftaSetElemKeyEnd = 10
 
 // readSet dumps set i (NFT_MSG_GETSETELEM with NLM_F_DUMP) through a
-// connection with large receive buffers and returns its elements; interval
-// end markers are left out, as Sync and Kernel do.
+// connection with large receive buffers and returns its elements (Kernel);
+// interval end markers are left out.
 func (p *Path) readSet(i int) ([]elem, error) {
 	c, err := mnl.Dial(unix.NETLINK_NETFILTER, &mnl.Config{NetNS: int(p.nsf.Fd()), MessageBufferSize: dumpBuf})
 	if err != nil {
@@ -96,11 +96,10 @@ func parseElems(b []byte, set uint8) ([]elem, error) {
 				if flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
 					continue
 				}
-				k := string(key)
 				if setDefs[set].interval {
-					k += string(end)
+					key = append(key[:len(key):len(key)], end...)
 				}
-				out = append(out, elem{set: set, key: k})
+				out = append(out, mkElem(int(set), key))
 			}
 			return list.Err()
 		})

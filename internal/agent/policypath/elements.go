@@ -46,10 +46,33 @@ var setDefs = [numSets]setDef{
 }
 
 // elem is one element: its set and key (for an interval set, the start
-// key followed by the inclusive end key).
+// key followed by the inclusive end key), zero-padded to maxKey. It holds
+// no pointer, so the path's maps of hundreds of thousands of elements
+// cost the garbage collector nothing to scan and an element nothing to
+// allocate.
 type elem struct {
 	set uint8
-	key string
+	key [maxKey]byte
+}
+
+// maxKey is the longest key: an interval element of the widest
+// concatenation (start and end of 16 bytes each).
+const maxKey = 32
+
+// mkElem makes the element of set with key b (at most maxKey bytes).
+func mkElem(set int, b []byte) elem {
+	e := elem{set: uint8(set)}
+	copy(e.key[:], b)
+	return e
+}
+
+// keyLen is the length of e's key: the set's, twice for an interval set.
+func (e *elem) keyLen() int {
+	d := setDefs[e.set]
+	if d.interval {
+		return 2 * d.keyLen
+	}
+	return d.keyLen
 }
 
 // Key encodings follow nft's: each field of a concatenation is padded to
@@ -64,12 +87,13 @@ func elementsOf(p *Pod) []elem {
 		return nil
 	}
 	pod := u32(p.IP)
-	var out []elem
+	out := make([]elem, 0, 2+len(p.Ingress.Allow)+len(p.Egress.Allow))
 	for d, dir := range []Dir{p.Ingress, p.Egress} {
 		if !dir.Isolated {
 			continue
 		}
-		out = append(out, elem{uint8([]int{setInIso, setEgIso}[d]), string(putAddr(nil, pod))})
+		var b [4]byte
+		out = append(out, mkElem([]int{setInIso, setEgIso}[d], putAddr(b[:0], pod)))
 		for _, a := range dir.Allow {
 			if e, ranged, ok := exactElem(pod, d, a); ok && !ranged {
 				out = append(out, e)
@@ -99,15 +123,16 @@ func exactElem(pod uint32, d int, a Allow) (e elem, ranged, ok bool) {
 	base := dirBase(d)
 	lo, hi := u32(a.PeerLo), u32(a.PeerHi)
 	single, anyPeer := lo == hi, lo == 0 && hi == math.MaxUint32
+	var b [maxKey]byte
 	switch {
 	case a.Proto == 0 && single:
-		return elem{uint8(base + setInPeer), string(putAddr(putAddr(nil, pod), lo))}, false, true
+		return mkElem(base+setInPeer, putAddr(putAddr(b[:0], pod), lo)), false, true
 	case a.Proto == 0:
 		return elem{}, true, true
 	case a.PortLo == a.PortHi && single:
-		return elem{uint8(base + setInExact), string(putPort(putProto(putAddr(putAddr(nil, pod), lo), a.Proto), uint32(a.PortLo)))}, false, true
+		return mkElem(base+setInExact, putPort(putProto(putAddr(putAddr(b[:0], pod), lo), a.Proto), uint32(a.PortLo))), false, true
 	case a.PortLo == a.PortHi && anyPeer:
-		return elem{uint8(base + setInPort), string(putPort(putProto(putAddr(nil, pod), a.Proto), uint32(a.PortLo)))}, false, true
+		return mkElem(base+setInPort, putPort(putProto(putAddr(b[:0], pod), a.Proto), uint32(a.PortLo))), false, true
 	}
 	return elem{}, true, true
 }
@@ -139,14 +164,15 @@ func rangedElems(p *Pod) []elem {
 				boxes[a.Proto] = append(boxes[a.Proto], box{span{lo, hi}, span{uint32(a.PortLo), uint32(a.PortHi)}})
 			}
 		}
+		var buf [maxKey]byte
 		for _, c := range mergeSpans(cidrs) {
-			k := putAddr(putAddr(nil, pod), c.lo)
-			out = append(out, elem{uint8(base + setInCIDR), string(putAddr(putAddr(k, pod), c.hi))})
+			k := putAddr(putAddr(buf[:0], pod), c.lo)
+			out = append(out, mkElem(base+setInCIDR, putAddr(putAddr(k, pod), c.hi)))
 		}
 		for proto, bs := range boxes {
 			for _, b := range disjointBoxes(bs) {
-				k := putPort(putProto(putAddr(putAddr(nil, pod), b.peer.lo), proto), b.port.lo)
-				out = append(out, elem{uint8(base + setInRange), string(putPort(putProto(putAddr(putAddr(k, pod), b.peer.hi), proto), b.port.hi))})
+				k := putPort(putProto(putAddr(putAddr(buf[:0], pod), b.peer.lo), proto), b.port.lo)
+				out = append(out, mkElem(base+setInRange, putPort(putProto(putAddr(putAddr(k, pod), b.peer.hi), proto), b.port.hi)))
 			}
 		}
 	}

@@ -1,12 +1,12 @@
 package policypath
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 
 	"kurma.dev/kurma/internal/agent/nettest"
@@ -18,7 +18,8 @@ import (
 // without ports; sorted or not; isolation and address changes) and checks
 // after each that the references equal those of every pod's elements
 // counted from scratch: the sorted walk of patchOwner touches exactly what
-// a full diff would.
+// a full diff would; and that the pending marks say what a kernel kept
+// equal to the references by each commit holds.
 func TestPatchEqualsFull(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 5))
 	randAllow := func() Allow {
@@ -53,8 +54,9 @@ func TestPatchEqualsFull(t *testing.T) {
 		}
 		return d
 	}
-	p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, in: map[elem]bool{}, pending: map[elem]bool{}}
+	p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
 	keys := []string{"a", "b", "c"}
+	kernel := map[elem]bool{} // as commit leaves it
 	for step := range 5000 {
 		k := keys[r.IntN(len(keys))]
 		var pod *Pod
@@ -78,6 +80,25 @@ func TestPatchEqualsFull(t *testing.T) {
 		}
 		if !maps.Equal(p.refs, want) {
 			t.Fatalf("step %d: references %v, want %v", step, p.refs, want)
+		}
+		for e, had := range p.pending {
+			if kernel[e] != had {
+				t.Fatalf("step %d: pending says the kernel had %v: %v, it had %v", step, e, had, kernel[e])
+			}
+			if p.refs[e] > 0 {
+				kernel[e] = true
+			} else {
+				delete(kernel, e)
+			}
+		}
+		clear(p.pending)
+		for e := range p.refs {
+			if !kernel[e] {
+				t.Fatalf("step %d: %v wanted but not pending", step, e)
+			}
+		}
+		if len(kernel) != len(p.refs) {
+			t.Fatalf("step %d: kernel %d elements, references %d", step, len(kernel), len(p.refs))
 		}
 	}
 }
@@ -127,13 +148,13 @@ func TestReadSetEqualsLibrary(t *testing.T) {
 			if el.IntervalEnd {
 				continue
 			}
-			e := elem{set: uint8(i), key: string(el.Key)}
+			key := el.Key
 			if setDefs[i].interval {
-				e.key += string(el.KeyEnd)
+				key = append(key, el.KeyEnd...)
 			}
-			want = append(want, e)
+			want = append(want, mkElem(i, key))
 		}
-		cmpElem := func(a, b elem) int { return strings.Compare(a.key, b.key) }
+		cmpElem := func(a, b elem) int { return bytes.Compare(a.key[:], b.key[:]) }
 		slices.SortFunc(got, cmpElem)
 		slices.SortFunc(want, cmpElem)
 		if !slices.Equal(got, want) {

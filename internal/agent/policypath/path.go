@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/google/nftables"
@@ -40,11 +41,17 @@ type Path struct {
 	tbl  *nftables.Table
 	sets [numSets]*nftables.Set
 
-	mu      sync.Mutex     // guards everything below
-	pods    map[string]Pod // the wanted state, by owner key
-	refs    map[elem]int32 // owners wanting each element
-	in      map[elem]bool  // the kernel's elements, as last read or written
-	pending map[elem]bool  // elements whose kernel state may differ
+	mu   sync.Mutex     // guards everything below
+	pods map[string]Pod // the wanted state, by owner key
+	refs map[elem]int32 // owners wanting each element
+	// pending holds the elements touched since the last commit, each
+	// with whether the kernel held it then. The kernel holds exactly the
+	// elements of refs plus the pending ones marked true minus those
+	// marked false: after a full Sync the kernel's sets are what refs
+	// says, and each commit keeps it so; no copy of the kernel's
+	// elements is kept, and none is read back.
+	pending map[elem]bool
+	kernel  int // elements in the kernel, as last written
 }
 
 // New writes the skeleton (sets, chains) into the table; elements a
@@ -58,7 +65,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		cfg.Logger = slog.Default()
 	}
 	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{},
-		refs: map[elem]int32{}, in: map[elem]bool{}, pending: map[elem]bool{}}
+		refs: map[elem]int32{}, pending: map[elem]bool{}}
 	nsPath := cfg.HostNS
 	if nsPath == "" {
 		nsPath = "/proc/self/ns/net"
@@ -287,15 +294,23 @@ func (p *Path) diff(olds, els []elem) {
 }
 
 func (p *Path) ref(e elem) {
-	p.refs[e]++
-	p.pending[e] = true
+	n := p.refs[e]
+	if _, ok := p.pending[e]; !ok {
+		p.pending[e] = n > 0
+	}
+	p.refs[e] = n + 1
 }
 
 func (p *Path) unref(e elem) {
-	if p.refs[e]--; p.refs[e] <= 0 {
-		delete(p.refs, e)
+	n := p.refs[e]
+	if _, ok := p.pending[e]; !ok {
+		p.pending[e] = n > 0
 	}
-	p.pending[e] = true
+	if n <= 1 {
+		delete(p.refs, e)
+	} else {
+		p.refs[e] = n - 1
+	}
 }
 
 // patchOwner moves a pod from old to cur by walking their sorted allow
@@ -355,8 +370,13 @@ func (p *Path) patchOwner(old, cur *Pod) bool {
 	return true
 }
 
-// Sync makes the kernel hold exactly the elements of all: it reads every
-// set back and commits the difference.
+// Sync makes the kernel hold exactly the elements of all, whatever it
+// held before (a previous run's elements after a restart or kill -9, or
+// drift): in one netlink transaction it flushes every policy set and adds
+// every wanted element. The transaction is atomic, so no packet meets a
+// half-written state, and it costs O(elements) in the kernel, where
+// reading the sets back to diff them costs more (a dump of a hashed set
+// walks it from its start for each message).
 func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -365,32 +385,86 @@ func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 	}
 	// Fresh maps sized for the state (a cold start would otherwise grow
 	// them through many rehashes; a resync drops the old ones).
-	n := 2 * len(all)
+	n := 0
 	for _, pod := range all {
 		if pod != nil {
-			n += len(pod.Ingress.Allow) + len(pod.Egress.Allow)
+			n += 2 + len(pod.Ingress.Allow) + len(pod.Egress.Allow)
 		}
 	}
 	p.pods = make(map[string]Pod, len(all))
 	p.refs = make(map[elem]int32, n)
-	p.in = make(map[elem]bool, n)
-	p.pending = make(map[elem]bool, n)
+	p.pending = map[elem]bool{}
+	p.kernel = -1 // unknown until the transaction succeeds
+	var seen map[elem]bool
 	for k, pod := range all {
-		if pod != nil {
-			p.setOwner(k, pod)
+		if pod == nil {
+			continue
 		}
-	}
-	for i := range p.sets {
-		els, err := p.readSet(i)
-		if err != nil {
-			return err
+		p.pods[k] = *pod
+		els := elementsOf(pod)
+		if !distinct(pod) { // an owner refers to an element once
+			if seen == nil {
+				seen = map[elem]bool{}
+			}
+			clear(seen)
+			els = slices.DeleteFunc(els, func(e elem) bool {
+				dup := seen[e]
+				seen[e] = true
+				return dup
+			})
 		}
 		for _, e := range els {
-			p.in[e] = true
-			p.pending[e] = true
+			p.refs[e]++
 		}
 	}
-	return p.commit(ctx)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("policypath: %w", err)
+	}
+	var count [numSets]int
+	for e := range p.refs {
+		count[e.set]++
+	}
+	var bySet [numSets][]elem
+	for i, n := range count {
+		bySet[i] = make([]elem, 0, n)
+	}
+	for e := range p.refs {
+		bySet[e.set] = append(bySet[e.set], e)
+	}
+	msg := make([]nftables.SetElement, 0, nftbatch.MsgElems)
+	for i, s := range p.sets {
+		p.conn.FlushSet(s)
+		d := setDefs[i]
+		for els := bySet[i]; len(els) > 0; {
+			n := min(len(els), nftbatch.MsgElems)
+			msg = msg[:0]
+			for k := range els[:n] {
+				key := els[k].key[:] // the library copies it into the message
+				el := nftables.SetElement{Key: key[:d.keyLen]}
+				if d.interval {
+					el.KeyEnd = key[d.keyLen : 2*d.keyLen]
+				}
+				msg = append(msg, el)
+			}
+			els = els[n:]
+			if err := p.conn.SetAddElements(s, msg); err != nil {
+				return fmt.Errorf("policypath: %w", err)
+			}
+		}
+	}
+	if err := p.conn.Flush(); err != nil {
+		return fmt.Errorf("policypath: full sync of %d elements: %w", len(p.refs), err)
+	}
+	p.kernel = len(p.refs)
+	return nil
+}
+
+// distinct reports whether pod's elements are distinct without a check:
+// each direction's allows are strictly sorted (distinct allows then have
+// distinct hashed elements, and the interval elements are disjoint by
+// construction).
+func distinct(pod *Pod) bool {
+	return strictlySorted(pod.Ingress.Allow) && strictlySorted(pod.Egress.Allow)
 }
 
 type op struct {
@@ -399,15 +473,18 @@ type op struct {
 }
 
 // commit brings every pending element to its wanted state: one netlink
-// transaction, deletions first.
+// transaction, deletions first. After a failed Sync (the kernel's state
+// unknown) it refuses: the caller's next Sync repairs.
 func (p *Path) commit(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("policypath: %w", err)
 	}
+	if p.kernel < 0 {
+		return errors.New("policypath: the last full sync failed; the next one repairs")
+	}
 	var ops []op
-	for e := range p.pending {
-		want, have := p.refs[e] > 0, p.in[e]
-		if want != have {
+	for e, have := range p.pending {
+		if want := p.refs[e] > 0; want != have {
 			ops = append(ops, op{e, have})
 		}
 	}
@@ -416,10 +493,11 @@ func (p *Path) commit(ctx context.Context) error {
 		func(o op) nftables.SetElement { return p.element(o.e) },
 		func(tx []op) {
 			for _, o := range tx {
+				p.pending[o.e] = !o.del // what the kernel now holds
 				if o.del {
-					delete(p.in, o.e)
+					p.kernel--
 				} else {
-					p.in[o.e] = true
+					p.kernel++
 				}
 			}
 		})
@@ -433,15 +511,15 @@ func (p *Path) commit(ctx context.Context) error {
 func (p *Path) element(e elem) nftables.SetElement {
 	d := setDefs[e.set]
 	if !d.interval {
-		return nftables.SetElement{Key: []byte(e.key)}
+		return nftables.SetElement{Key: slices.Clone(e.key[:d.keyLen])}
 	}
-	return nftables.SetElement{Key: []byte(e.key[:d.keyLen]), KeyEnd: []byte(e.key[d.keyLen:])}
+	return nftables.SetElement{Key: slices.Clone(e.key[:d.keyLen]), KeyEnd: slices.Clone(e.key[d.keyLen : 2*d.keyLen])}
 }
 
 // Elements reports how many elements the kernel holds, as last written
-// (a metric).
+// (a metric; -1 after a failed full sync).
 func (p *Path) Elements() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.in)
+	return p.kernel
 }

@@ -238,6 +238,16 @@ func TestSyncAfterRestart(t *testing.T) {
 	if got, want := kernelElems(t, p2), wantElems(old); !slices.Equal(got, want) {
 		t.Fatalf("New must keep the elements until Sync:\n%v\nwant\n%v", got, want)
 	}
+	// A resync of the same state (interval elements too) flushes and
+	// re-adds every element in one transaction: the same elements stay.
+	for range 2 {
+		if err := p2.Sync(t.Context(), old); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := kernelElems(t, p2), wantElems(old); !slices.Equal(got, want) {
+			t.Fatalf("after a resync of the same state:\n%v\nwant\n%v", got, want)
+		}
+	}
 	cur := map[string]*Pod{
 		"b": {IP: ip("10.0.0.11"), Egress: Dir{Isolated: true, Allow: []Allow{{PeerLo: ip("10.0.0.10"), PeerHi: ip("10.0.0.10")}}}},
 		"c": {IP: ip("10.0.0.12"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.10", 17, 53)}}},

@@ -12,9 +12,9 @@ func Want(pods map[string]*Pod) []string {
 	for _, pod := range pods {
 		for _, e := range elementsOf(pod) {
 			d := setDefs[e.set]
-			k, end := e.key, ""
+			k, end := e.key[:e.keyLen()], []byte(nil)
 			if d.interval {
-				k, end = e.key[:d.keyLen], e.key[d.keyLen:]
+				k, end = e.key[:d.keyLen], e.key[d.keyLen:2*d.keyLen]
 			}
 			out = append(out, fmt.Sprintf("%s %x-%x", d.name, k, end))
 		}
@@ -26,16 +26,18 @@ func Want(pods map[string]*Pod) []string {
 // Kernel reads the policy sets back from the kernel, in Want's form.
 func (p *Path) Kernel() ([]string, error) {
 	var out []string
-	for i, s := range p.sets {
-		els, err := p.conn.GetSetElements(s)
+	for i := range p.sets {
+		els, err := p.readSet(i)
 		if err != nil {
-			return nil, fmt.Errorf("policypath: read set %s: %w", s.Name, err)
+			return nil, err
 		}
-		for _, el := range els {
-			if el.IntervalEnd {
-				continue
+		for _, e := range els {
+			d := setDefs[i]
+			k, end := e.key[:d.keyLen], []byte(nil)
+			if d.interval {
+				end = e.key[d.keyLen : 2*d.keyLen]
 			}
-			out = append(out, fmt.Sprintf("%s %x-%x", setDefs[i].name, el.Key, el.KeyEnd))
+			out = append(out, fmt.Sprintf("%s %x-%x", d.name, k, end))
 		}
 	}
 	slices.Sort(out)

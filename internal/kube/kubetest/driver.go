@@ -18,7 +18,10 @@ import (
 // StartWithDriver is Start with the kurma-k8s driver as the node's CNI:
 // the node's plugin folder holds the shim, and its conflist names a socket
 // in a short folder of its own (a unix socket path must stay under 108
-// bytes), returned for the agent to listen on (StartAgentAt).
+// bytes), returned for the agent to listen on (StartAgentAt). With
+// opts.Nodes > 1 that folder is private to each node (Options.NodeDirs):
+// every node's agent listens at the same path, as on separate machines
+// (StartAgentOn).
 func StartWithDriver(t *testing.T, opts kubecluster.Options) (e *Env, socket string) {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "kurma-kt-")
@@ -32,6 +35,9 @@ func StartWithDriver(t *testing.T, opts kubecluster.Options) (e *Env, socket str
 		t.Fatal(err)
 	}
 	opts.CNIConfList, opts.CNIBinDir = ConfList(socket), binDir
+	if opts.Nodes > 1 {
+		opts.NodeDirs = append(opts.NodeDirs, sockDir)
+	}
 	return Start(t, opts), socket
 }
 

@@ -222,7 +222,7 @@ type Agent struct {
 	Socket, StateDir  string
 	Prefix, NFT, Node string
 	args              []string
-	on                *kubecluster.Node // StartAgentOnNode's node, or nil
+	on                *kubecluster.Node // nil: the cluster's namespace
 }
 
 // StartAgent runs kurma-agent for node (host id = node name) inside the
@@ -256,48 +256,53 @@ func (e *Env) StartAgentAt(node, underlayIP, socket string, extra ...string) *Ag
 func (e *Env) RestartAgent(a *Agent) {
 	e.T.Helper()
 	<-a.Proc.Done()
-	sock := a.Socket
 	if a.on != nil {
-		sock = a.on.HostPath(sock)
+		_ = os.Remove(a.on.HostPath(a.Socket))
 		a.Proc = e.startOn(a.on, "agent-"+a.Node, e.Bin("kurma-agent"), a.args...)
 	} else {
-		_ = os.Remove(sock)
+		_ = os.Remove(a.Socket)
 		a.Proc = e.StartProc("agent-"+a.Node, e.Bin("kurma-agent"), a.args...)
 	}
 	e.Eventually(20*time.Second, "agent socket", func() error {
-		_, err := os.Stat(sock)
+		_, err := os.Stat(a.hostSocket())
 		return err
 	})
 }
 
-// StartAgentOnNode runs kurma-agent for n, one of the cluster's nodes
-// after the first, inside that node's own network and mount namespaces, as
-// a machine's agent: host id and underlay address are the node's, the API
-// server is reached at its underlay address (the node's admin kubeconfig),
-// the controller through a relay into the cluster's namespace, and the CNI
-// socket is at socket in the node's view (a folder of Options.NodeDirs
-// gives each node its own). extra flags are appended.
-func (e *Env) StartAgentOnNode(n *kubecluster.Node, socket string, extra ...string) *Agent {
+// hostSocket is the agent's CNI socket in the test's view.
+func (a *Agent) hostSocket() string {
+	if a.on != nil {
+		return a.on.HostPath(a.Socket)
+	}
+	return a.Socket
+}
+
+// StartAgentOn runs kurma-agent for a node after the first of a cluster
+// of several (Options.Nodes), inside that node's network and mount
+// namespaces, as on a machine of its own: its underlay address is the
+// node's, it reaches the API server over the underlay (the node's
+// kubeconfig) and the controller through a forwarder on the node's
+// loopback. socket is the CNI socket in the node's view (the path in its
+// conflist, StartWithDriver); the agent's state lives in the node's folder.
+func (e *Env) StartAgentOn(n *kubecluster.Node, socket string, extra ...string) *Agent {
 	e.T.Helper()
 	e.Forward(e.T, n.NetNS, ControllerAddr)
 	e.n++
-	dir := filepath.Join(e.C.Dir, "agent-"+n.Name)
-	a := &Agent{Socket: socket, StateDir: filepath.Join(dir, "state"), on: n,
-		Prefix: "kt" + strconv.Itoa(e.n%100), NFT: "kurma-kubetest-" + strconv.Itoa(e.n), Node: n.Name}
+	dir := filepath.Join(n.Dir, "agent")
+	a := &Agent{Socket: socket, StateDir: filepath.Join(dir, "state"),
+		Prefix: "kt" + strconv.Itoa(e.n%100), NFT: "kurma-kubetest-" + strconv.Itoa(e.n), Node: n.Name, on: n}
 	a.args = append([]string{"--controller", e.CtlURL, "--token-file", e.TokenFile(), "--host-id", n.Name,
 		"--underlay-ip", n.IP, "--state-dir", a.StateDir, "--link-prefix", a.Prefix, "--nft-table", a.NFT,
-		"--k8s-node-name", n.Name, "--k8s-kubeconfig", filepath.Join(n.Dir, "kubelet", "kubeconfig"),
-		"--k8s-cni-socket", a.Socket, "-v"}, extra...)
+		"--k8s-node-name", n.Name, "--k8s-kubeconfig", n.Kubeconfig(), "--k8s-cni-socket", a.Socket, "-v"}, extra...)
 	a.Proc = e.startOn(n, "agent-"+n.Name, e.Bin("kurma-agent"), a.args...)
 	e.Eventually(30*time.Second, n.Name+" agent socket", func() error {
-		_, err := os.Stat(n.HostPath(a.Socket))
+		_, err := os.Stat(a.hostSocket())
 		return err
 	})
 	return a
 }
 
-// startOn starts a binary inside node n's namespaces; it is stopped when
-// the test ends.
+// startOn starts a binary inside node n's namespaces.
 func (e *Env) startOn(n *kubecluster.Node, name, bin string, args ...string) *kubecluster.Process {
 	e.T.Helper()
 	e.n++

@@ -179,13 +179,15 @@ func (c *Controller) event(f func()) {
 // Run starts the watches, programs the full state once they have
 // synced, then each change, until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
+	start := time.Now()
 	c.fac.Start(ctx.Done())
 	defer c.fac.Shutdown()
 	// The handlers' own sync, not only the caches': the first full sync
 	// must see every object the initial lists returned.
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return fmt.Errorf("netpol: watches did not sync: %w", context.Cause(ctx))
+	if err := waitSynced(ctx, c.synced); err != nil {
+		return err
 	}
+	c.log.Info("netpol: watches synced", "took", time.Since(start))
 	c.mu.Lock()
 	c.needFull = true
 	c.mu.Unlock()
@@ -226,6 +228,28 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
+// waitSynced waits until every handler has seen its watch's initial
+// list, checking every 5 ms (client-go's WaitForCacheSync checks every
+// 100 ms, which a cold start would wait for in vain).
+func waitSynced(ctx context.Context, synced []cache.InformerSynced) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		done := true
+		for _, s := range synced {
+			done = done && s()
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("netpol: watches did not sync: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
 func (c *Controller) takeFull() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -243,6 +267,7 @@ func (c *Controller) full(ctx context.Context) error {
 	since := c.since
 	c.since = time.Time{}
 	c.mu.Unlock()
+	computed := time.Since(start)
 	if err := c.cfg.Datapath.Sync(ctx, all); err != nil {
 		return err
 	}
@@ -255,7 +280,7 @@ func (c *Controller) full(ctx context.Context) error {
 	c.ready = true
 	c.wakeAll()
 	c.mu.Unlock()
-	c.log.Info("netpol: full sync", "local_pods", len(all), "took", time.Since(start))
+	c.log.Info("netpol: full sync", "local_pods", len(all), "compute", computed, "took", time.Since(start))
 	return nil
 }
 

@@ -106,6 +106,9 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		maps.Equal(old.Labels, cur.Labels) && slices.Equal(old.Ports, cur.Ports) {
 		return // nothing a peer match depends on
 	}
+	if len(e.polLocal) == 0 {
+		return // no local pod has contributions yet (a cold start's lists)
+	}
 	// One namesPeer per distinct peer signature, then only the policies
 	// of the signatures that name the pod (before or after).
 	for _, pks := range e.bySig {
@@ -460,6 +463,13 @@ func (e *Engine) Compute() map[string]*Rules {
 	out := map[string]*Rules{}
 	e.memo = map[string][]*Pod{}
 	defer func() { e.memo = nil }()
+	// Local pods alike in all the engine's computation reads of them
+	// (namespace, labels, named ports: replicas of one workload) share
+	// one computation: the others get copies of its counts.
+	var classes map[string]string // class -> the pod computed
+	if len(e.dirty) > 1 {
+		classes = map[string]string{}
+	}
 	for k := range e.dirty {
 		p := e.pods[k]
 		var r *Rules
@@ -474,7 +484,18 @@ func (e *Engine) Compute() map[string]*Rules {
 		delete(e.podPols, k)
 		delete(e.contrib, k)
 		if e.local(p) && p.active() {
-			r = e.compute(p)
+			var ck string
+			if classes != nil {
+				ck = classKey(p)
+			}
+			if rep, ok := classes[ck]; ok {
+				r = e.computeLike(p, rep)
+			} else {
+				r = e.compute(p)
+				if classes != nil {
+					classes[ck] = k
+				}
+			}
 		}
 		if old := e.rules[k]; !old.Equal(r) {
 			out[k] = r
@@ -525,6 +546,44 @@ func (e *Engine) compute(l *Pod) *Rules {
 	r.Ingress.Allow = finish(&r.Ingress, in)
 	r.Egress.Allow = finish(&r.Egress, eg)
 	return r
+}
+
+// classKey is what compute reads of local pod p besides the engine's
+// state: its namespace, labels and named ports.
+func classKey(p *Pod) string {
+	ks := slices.Sorted(maps.Keys(p.Labels))
+	b := make([]byte, 0, 64)
+	b = append(b, p.Namespace...)
+	for _, k := range ks {
+		b = append(b, 0)
+		b = append(b, k...)
+		b = append(b, 0)
+		b = append(b, p.Labels[k]...)
+	}
+	b = append(b, 1)
+	for _, np := range p.Ports {
+		b = append(b, np.Name...)
+		b = append(b, 0, byte(np.Proto), byte(np.Port>>8), byte(np.Port))
+	}
+	return string(b)
+}
+
+// computeLike gives local pod l the rules and contributions of rep, a
+// local pod of l's class computed in this Compute: the same policies, the
+// same counts (copied, as deltas change each pod's own), the same allows
+// (shared: rules are never changed in place).
+func (e *Engine) computeLike(l *Pod, rep string) *Rules {
+	lk := l.Key()
+	c0, r0 := e.contrib[rep], e.rules[rep]
+	for _, pk := range e.podPols[rep] {
+		if e.polLocal[pk] == nil {
+			e.polLocal[pk] = map[string]bool{}
+		}
+		e.polLocal[pk][lk] = true
+	}
+	e.podPols[lk] = slices.Clone(e.podPols[rep])
+	e.contrib[lk] = &podContrib{isoIn: c0.isoIn, isoEg: c0.isoEg, in: maps.Clone(c0.in), eg: maps.Clone(c0.eg)}
+	return &Rules{IP: l.IP, Ingress: r0.Ingress, Egress: r0.Egress}
 }
 
 // addPolicyTo adds what policy pol allows to local pod l's contributions.

@@ -541,13 +541,18 @@ func (c *Cluster) Command(ctx context.Context, name string, args ...string) *exe
 // reaches the API server from there.
 func (n *Node) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + n.NetNS, "--", name}, args...)...)
-	kubeconfig := n.c.Kubeconfig
-	if n != n.c.node0 {
-		kubeconfig = filepath.Join(n.Dir, "kubelet", "kubeconfig")
-	}
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.Kubeconfig())
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
+}
+
+// Kubeconfig is an admin kubeconfig that reaches the API server from the
+// node's network namespace (over the underlay for a node after the first).
+func (n *Node) Kubeconfig() string {
+	if n != n.c.node0 {
+		return filepath.Join(n.Dir, "kubelet", "kubeconfig")
+	}
+	return n.c.Kubeconfig
 }
 
 // Kubectl runs bin/k8s/kubectl with args against the cluster and returns
