@@ -135,6 +135,7 @@ type Datapath struct {
 	gnsf  *os.File              // the host namespace (plugs move host ends there)
 	gconn *nfthost.Conn         // guard set elements, through netlink
 	gw    nfthost.ElementWriter // writes guard elements: gconn (tests: a nfthost.Recorder)
+	gr    nfthost.Reader        // reads the guards and rules back: gconn (tests: a nfthost.Recorder)
 	gsets [gsCount]*nftables.Set
 	gin   map[gelem]bool // guard elements in the kernel; nil: unknown (the next SetGuards writes them whole)
 
@@ -248,7 +249,7 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 	if d.gconn, err = nfthost.Open(cfg.HostNS); err != nil {
 		return nil, fmt.Errorf("datapath: %w", err)
 	}
-	d.gw = d.gconn
+	d.gw, d.gr = d.gconn, d.gconn
 	d.gsets = guardSetsOf(cfg.NFTTable)
 	if err := d.syncIsolation(ctx); err != nil {
 		_ = d.gconn.Close()

@@ -155,7 +155,7 @@ func (d *Datapath) SetGuards(ctx context.Context, guards []Guard) error {
 // (the caller then writes the table whole).
 func (d *Datapath) readGuards() map[gelem]bool {
 	t := d.gsets[gsPort].Table
-	chains, err := d.gconn.ListChainsOfTableFamily(nftables.TableFamilyBridge)
+	chains, err := d.gr.ListChainsOfTableFamily(nftables.TableFamilyBridge)
 	if err != nil || !slices.ContainsFunc(chains, func(c *nftables.Chain) bool {
 		return c.Table != nil && c.Table.Name == t.Name && c.Name == guardChain
 	}) {
@@ -163,7 +163,7 @@ func (d *Datapath) readGuards() map[gelem]bool {
 	}
 	have := map[gelem]bool{}
 	for i, set := range d.gsets {
-		els, err := d.gconn.GetSetElements(set)
+		els, err := d.gr.GetSetElements(set)
 		if err != nil {
 			return nil
 		}

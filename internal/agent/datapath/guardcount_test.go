@@ -26,7 +26,7 @@ func TestGuardOpCounts(t *testing.T) {
 			rec := &nfthost.Recorder{}
 			fake := knftables.NewFake(knftables.BridgeFamily, "kgc")
 			d := &Datapath{cfg: Config{Owner: "kurma-agent", NFTTable: "kgc"}, names: nm,
-				bnft: fake, gw: rec, gsets: guardSetsOf("kgc")}
+				bnft: fake, gw: rec, gr: rec, gsets: guardSetsOf("kgc")}
 			guard := func(i int) Guard {
 				return Guard{PortID: fmt.Sprintf("port-%d", i), MAC: net.HardwareAddr{2, 0, 0, 0, byte(i >> 8), byte(i)},
 					IPs: []net.IP{net.IPv4(10, 1, byte(i>>8), byte(i)).To4()}}

@@ -209,7 +209,7 @@ func (d *Datapath) syncIsolation(ctx context.Context) error {
 func (d *Datapath) isolationInPlace(bridges []string) bool {
 	want := isolationComments(d.cfg.Owner, d.cfg.AcceptMark, bridges)
 	t := &nftables.Table{Name: d.cfg.NFTTable, Family: nftables.TableFamilyINet}
-	rules, err := d.gconn.GetRules(t, &nftables.Chain{Name: forwardChain, Table: t})
+	rules, err := d.gr.GetRules(t, &nftables.Chain{Name: forwardChain, Table: t})
 	if err != nil || len(rules) != len(want) {
 		return false
 	}

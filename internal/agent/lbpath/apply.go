@@ -311,7 +311,7 @@ func (p *Path) element(e elem, val string) nftables.SetElement {
 // purge deletes the affinity entries whose frontend (the key's last 12
 // bytes: vip . proto . port) drop selects, in one transaction.
 func (p *Path) purge(drop func(tail string) bool) error {
-	els, err := p.conn.GetSetElements(p.affSet)
+	els, err := p.r.GetSetElements(p.affSet)
 	if err != nil {
 		return fmt.Errorf("lbpath: list affinity: %w", err)
 	}

@@ -24,7 +24,7 @@ func TestApplyOpCounts(t *testing.T) {
 			ctx := t.Context()
 			rec := &nfthost.Recorder{}
 			p := barePath(Config{Table: "kop", Logger: slog.Default()})
-			p.nft, p.w, p.tbl = knftables.NewFake(knftables.InetFamily, "kop"), rec, nfthost.Inet("kop")
+			p.nft, p.w, p.r, p.tbl = knftables.NewFake(knftables.InetFamily, "kop"), rec, rec, nfthost.Inet("kop")
 			p.useGen("a")
 			if err := p.writeSkeleton(ctx, "a", ""); err != nil {
 				t.Fatal(err)

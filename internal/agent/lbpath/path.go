@@ -87,6 +87,7 @@ type Path struct {
 	nft    knftables.Interface   // skeleton and pick chains, through nft -f
 	conn   *nfthost.Conn         // elements, through netlink
 	w      nfthost.ElementWriter // writes elements: conn (tests: a nfthost.Recorder)
+	r      nfthost.Reader        // reads the kernel back: conn (tests: a nfthost.Recorder)
 	nlh    *netlink.Handle       // FIP routes
 	tbl    *nftables.Table
 	sets   [numSets]*nftables.Set
@@ -214,7 +215,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
 	}
-	p.conn, p.w = conn, conn
+	p.conn, p.w, p.r = conn, conn, conn
 	nsh, err := netns.GetFromPath(nsPath)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
@@ -242,7 +243,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 		return nil, fmt.Errorf("lbpath: add table %s: %w", cfg.Table, err)
 	}
 	var maps []string
-	sets, err := p.conn.GetSets(p.tbl)
+	sets, err := p.r.GetSets(p.tbl)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: list sets: %w", err)
 	}

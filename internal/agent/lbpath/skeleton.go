@@ -162,7 +162,7 @@ func chainFingerprint(name string, rules []string, def ...string) string {
 // its last rule ("" for a chain without rules, "?" when the last rule has
 // no comment).
 func (p *Path) chainPrints() (map[string]string, error) {
-	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	chains, err := p.r.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: list chains: %w", err)
 	}
@@ -171,7 +171,7 @@ func (p *Path) chainPrints() (map[string]string, error) {
 		if c.Table == nil || c.Table.Name != p.cfg.Table || strings.HasPrefix(c.Name, "pick-") {
 			continue
 		}
-		rules, err := p.conn.GetRules(p.tbl, c)
+		rules, err := p.r.GetRules(p.tbl, c)
 		if err != nil {
 			return nil, fmt.Errorf("lbpath: list rules of %s: %w", c.Name, err)
 		}
@@ -190,7 +190,7 @@ func (p *Path) chainPrints() (map[string]string, error) {
 // setAddrs lists the IPv4 addresses of a set of the table (none when it
 // does not exist yet).
 func (p *Path) setAddrs(name string) ([]netip.Addr, error) {
-	sets, err := p.conn.GetSets(p.tbl)
+	sets, err := p.r.GetSets(p.tbl)
 	if err != nil {
 		return nil, nil // no table (deleted by someone): the skeleton adds it
 	}
@@ -203,7 +203,7 @@ func (p *Path) setAddrs(name string) ([]netip.Addr, error) {
 	if set == nil {
 		return nil, nil
 	}
-	els, err := p.conn.GetSetElements(set)
+	els, err := p.r.GetSetElements(set)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: list %s: %w", name, err)
 	}

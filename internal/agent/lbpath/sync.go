@@ -155,7 +155,7 @@ func (p *Path) read(ctx context.Context, elements bool) error {
 		if !elements {
 			break
 		}
-		els, err := p.conn.GetSetElements(p.sets[s])
+		els, err := p.r.GetSetElements(p.sets[s])
 		if err != nil {
 			return fmt.Errorf("lbpath: list %s: %w", setDefs[s].name, err)
 		}
@@ -167,7 +167,7 @@ func (p *Path) read(ctx context.Context, elements bool) error {
 	replaced = true
 	// Through netlink: `nft list chains` loads every element of the
 	// table first, seconds at tens of thousands.
-	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	chains, err := p.r.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return fmt.Errorf("lbpath: list chains: %w", err)
 	}
@@ -251,7 +251,7 @@ func (p *Path) Check(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	chains, err := p.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	chains, err := p.r.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return fmt.Errorf("lbpath: list chains: %w", err)
 	}
@@ -271,7 +271,7 @@ func (p *Path) Check(ctx context.Context) error {
 			return fmt.Errorf("%w: chain %s", ErrDrift, c)
 		}
 	}
-	sets, err := p.conn.GetSets(p.tbl)
+	sets, err := p.r.GetSets(p.tbl)
 	if err != nil {
 		return fmt.Errorf("%w: list sets: %v", ErrDrift, err)
 	}

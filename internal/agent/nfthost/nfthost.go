@@ -54,6 +54,18 @@ type ElementWriter interface {
 
 var _ ElementWriter = (*nftables.Conn)(nil)
 
+// Reader reads a table's chains, rules, sets and elements back from the
+// kernel. *nftables.Conn (and so *Conn) implements it; Recorder is an
+// empty kernel.
+type Reader interface {
+	ListChainsOfTableFamily(f nftables.TableFamily) ([]*nftables.Chain, error)
+	GetRules(t *nftables.Table, c *nftables.Chain) ([]*nftables.Rule, error)
+	GetSets(t *nftables.Table) ([]*nftables.Set, error)
+	GetSetElements(s *nftables.Set) ([]nftables.SetElement, error)
+}
+
+var _ Reader = (*nftables.Conn)(nil)
+
 // Conn is a lasting netlink connection to nftables in the host namespace.
 type Conn struct {
 	*nftables.Conn
