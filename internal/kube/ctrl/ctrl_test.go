@@ -179,6 +179,15 @@ func TestRunSetupSyncRetry(t *testing.T) {
 	rec.wait(t, "k1")
 	rec.wait(t, "k1")
 	rec.wait(t, "k1")
+	// The recorder reports a sync as it returns; the controller records
+	// the success (metric, then time) after that.
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Status().LastSuccess.IsZero() {
+		if time.Now().After(deadline) {
+			t.Fatal("no successful sync recorded within 20s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	s := c.Status()
 	if !s.Synced || !s.Leading || !s.SetUp || s.LastSuccess.IsZero() || c.Health() != nil {
 		t.Fatalf("status %v, health %v", s, c.Health())
