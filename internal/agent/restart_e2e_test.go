@@ -50,8 +50,8 @@ func kernelState(t *testing.T, h *host) map[string][]string {
 	return map[string][]string{
 		"nft":    ruleset,
 		"links":  links,
-		"addrs":  run("ip", "-o", "addr", "show"),
-		"routes": run("ip", "route", "show", "table", "all"),
+		"addrs":  run("ip", "-4", "-o", "addr", "show"),
+		"routes": run("ip", "-4", "route", "show", "table", "all"),
 		"neigh":  sorted(run("ip", "neigh", "show", "nud", "permanent")),
 		"fdb": sorted(keep(run("bridge", "fdb", "show"), func(l string) bool {
 			return strings.Contains(l, "permanent") || strings.Contains(l, "static")

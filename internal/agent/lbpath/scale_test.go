@@ -112,7 +112,7 @@ func TestRestartRewritesNothing(t *testing.T) {
 	table := func() string {
 		return testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "-a", "list", "table", "inet", "lbt")
 	}
-	routes := func() string { return nettest.IP(t, tp.host, "route", "show", "table", "all") }
+	routes := func() string { return nettest.IP(t, tp.host, "-4", "route", "show", "table", "all") }
 	before, routesBefore := table(), routes()
 	_ = p.Close()
 	p2 := newPath(t, tp, ext)
