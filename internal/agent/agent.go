@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -103,6 +104,8 @@ type Agent struct {
 	att   *attachments
 	lb    *lbCache
 	hc    *healthChecks // health check node ports
+
+	resyncs atomic.Uint64 // periodic resyncs queued so far (tests wait on it)
 }
 
 // New checks cfg and returns an agent.
@@ -201,6 +204,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			a.resync(ctx)
+			a.resyncs.Add(1)
 		}
 	}
 }

@@ -38,10 +38,7 @@ func TestAttachLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runAgent(ctx, t, a)
 	until := func(what string, f func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -55,8 +52,7 @@ func TestAttachLocal(t *testing.T) {
 	<-a.Synced()
 	// A resync's worth of syncs of the unattached ports: nothing plugged
 	// or reported.
-	until("a resync", func() bool { return a.q.Len() == 0 })
-	time.Sleep(300 * time.Millisecond)
+	settle(t, a, 2)
 	if ports, _ := dp.ListPorts(ctx); len(ports) != 0 || len(fc.status("one")) != 0 {
 		t.Fatalf("unattached ports: plugged %v, statuses %v", ports, fc.status("one"))
 	}
@@ -84,8 +80,7 @@ func TestAttachLocal(t *testing.T) {
 	}
 	// Either UP was reported before the Detach (then DOWN follows), or the
 	// Detach came first and the port was never reported at all.
-	until("the queue drained", func() bool { return a.q.Len() == 0 })
-	time.Sleep(300 * time.Millisecond) // a resync: its syncs may not report UP
+	settle(t, a, 1) // a resync: its syncs may not report UP
 	if s := fc.status("two"); len(s) != 0 && !slices.Equal(s, []string{controllerapi.StatusUp, controllerapi.StatusDown}) {
 		t.Fatalf("statuses of an attach then detach: %v", s)
 	}

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"log/slog"
 	"net"
 	"os"
@@ -38,10 +37,7 @@ func TestVPCLinger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runAgent(ctx, t, a)
 
 	until := func(t *testing.T, what string, f func() bool) {
 		t.Helper()

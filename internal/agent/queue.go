@@ -231,6 +231,14 @@ func (q *queue) Len() int {
 	return len(q.urgent) + len(q.items)
 }
 
+// Idle reports whether no key is waiting or being synced (delayed
+// retries not counted).
+func (q *queue) Idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.dirty) == 0 && len(q.processing) == 0
+}
+
 // Shutdown wakes every Get with ok false and drops pending retries.
 func (q *queue) Shutdown() {
 	q.mu.Lock()

@@ -166,10 +166,7 @@ func TestReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runAgent(ctx, t, a)
 
 	until := func(t *testing.T, what string, f func() bool) {
 		t.Helper()
@@ -216,7 +213,7 @@ func TestReconcile(t *testing.T) {
 		})
 	})
 	t.Run("up reported once across resyncs", func(t *testing.T) {
-		time.Sleep(500 * time.Millisecond) // two resyncs
+		settle(t, a, 2)
 		if got := fc.status("good"); !slices.Equal(got, []string{controllerapi.StatusUp}) {
 			t.Fatalf("statuses reported for good: %v", got)
 		}
@@ -261,17 +258,14 @@ func TestNoUnplugBeforeList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	time.Sleep(300 * time.Millisecond) // many resync periods, no list yet
+	runAgent(ctx, t, a)
+	settle(t, a, 5) // resync periods with no list yet
 	if ports, _ := dp.ListPorts(ctx); len(ports) != 1 {
 		t.Fatalf("ports unplugged before the first list: %v", ports)
 	}
 	close(fc.hold)
 	<-a.Synced()
-	time.Sleep(200 * time.Millisecond)
+	settle(t, a, 2)
 	if ports, _ := dp.ListPorts(ctx); len(ports) != 1 || ports[0].ID != "kept" {
 		t.Fatalf("after the list: %v", ports)
 	}
@@ -392,12 +386,9 @@ func TestNothingRemovedBeforeListings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runAgent(ctx, t, a)
 	<-a.Synced()
-	time.Sleep(300 * time.Millisecond) // many resync periods with the ports listed
+	settle(t, a, 5) // resync periods with the ports listed
 	if !strings.Contains(neigh(), "10.1.0.6") {
 		t.Fatalf("the remote port's entry went before the host listing: %q", neigh())
 	}
