@@ -320,14 +320,21 @@ func TestLeaderElection(t *testing.T) {
 	}
 	killed := time.Now()
 	createPod(t, e, kubetest.Pod("wt-le", "after", "n1"))
-	e.WaitAnnotated("wt-le", "after", 25*time.Second)
-	took := time.Since(killed)
-	t.Logf("takeover: pod created at the kill annotated after %s", took)
-	if took > 16*time.Second {
-		t.Fatalf("takeover took %s, want ≤ 16s (lease 12s + retry 2s)", took)
-	}
+	e.WaitAnnotated("wt-le", "after", 40*time.Second)
+	t.Logf("takeover: pod created at the kill annotated after %s", time.Since(killed))
 	lease, err := e.C.Client.CoordinationV1().Leases("kube-system").Get(ctx, "kurma-k8s-watcher", metav1.GetOptions{})
-	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "w2" {
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "w2" || lease.Spec.AcquireTime == nil {
 		t.Fatalf("lease after takeover: %+v, %v", lease, err)
+	}
+	// The lease limits bound the takeover itself; what the new leader
+	// then does for the pod (informer sync, setup, the sync) is bounded by
+	// the wait above, not by them. client-go retries every RetryPeriod R
+	// plus up to 1.2 R of jitter, so w2 may observe w1's last renewal up
+	// to 2.2 R after it was made, and acquires at its first retry a lease
+	// duration L after that observation: at most L + 4.4 R = 20.8 s.
+	took := lease.Spec.AcquireTime.Sub(killed)
+	t.Logf("takeover: w2 acquired the lease %s after the kill", took)
+	if took > 21*time.Second {
+		t.Fatalf("w2 acquired the lease %s after the kill, want ≤ 21s (lease 12s + 2 retries of 2s with 1.2 jitter)", took)
 	}
 }
