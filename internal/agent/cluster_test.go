@@ -17,7 +17,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"kurma.dev/kurma/internal/agent/nettest"
 	"kurma.dev/kurma/internal/controller/etcdtest"
@@ -303,6 +302,18 @@ func hostIDs(hs []*host) []string {
 
 // network creates a project-scoped VPC with one subnet and returns the
 // subnet.
+// serviceSubnet adds to sn's VPC a subnet of purpose service (load
+// balancer VIPs) named "svc".
+func (c *cluster) serviceSubnet(ctx context.Context, pid string, sn *controllerapi.Subnet, cidr string) *controllerapi.Subnet {
+	c.t.Helper()
+	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: cidr,
+		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
+	if err != nil {
+		c.t.Fatalf("create service subnet %s: %v", cidr, err)
+	}
+	return svc
+}
+
 func (c *cluster) network(ctx context.Context, pid, name, cidr string) *controllerapi.Subnet {
 	c.t.Helper()
 	vpc, err := c.c.CreateVPC(ctx, pid, controllerapi.VPC{Name: name})
@@ -383,16 +394,8 @@ func (c *cluster) waitStatus(ctx context.Context, t *testing.T, pid, id, status 
 // namespace carry the agent's alias for it.
 func ownedPorts(t *testing.T, hostNS string) map[string]int {
 	t.Helper()
-	nsh, err := netns.GetFromPath(hostNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsh.Close()
-	h, err := netlink.NewHandleAt(nsh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nettest.Handle(t, hostNS)
+	var err error
 	var links []netlink.Link
 	for range 5 {
 		if links, err = h.LinkList(); err == nil {

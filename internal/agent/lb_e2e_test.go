@@ -174,11 +174,7 @@ func TestLoadBalancerE2E(t *testing.T) {
 	}
 	pid := proj.ID
 	sn := c.network(ctx, pid, "net", "10.20.0.0/24")
-	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: "10.96.0.0/24",
-		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/24")
 	client := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
 	m1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
 	m2 := c.newPod(ctx, t, pid, sn.ID, c.hosts[1]) // the other host
@@ -431,11 +427,7 @@ func TestLBAgentKill9Churn(t *testing.T) {
 	}
 	pid := proj.ID
 	sn := c.network(ctx, pid, "net", "10.40.0.0/24")
-	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: "10.96.0.0/22",
-		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/22")
 	anchor := c.newPod(ctx, t, pid, sn.ID, h) // makes the VPC local to h
 	c.waitUp(ctx, t, pid, anchor)
 	members := func(i int) []controllerapi.Member {

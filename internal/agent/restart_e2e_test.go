@@ -119,11 +119,7 @@ func TestAgentRestartKeepsDatapath(t *testing.T) {
 	}
 	pid := proj.ID
 	sn := c.network(ctx, pid, "net", "10.50.0.0/24")
-	svc, err := c.c.CreateSubnet(ctx, pid, controllerapi.Subnet{Name: "svc", NetworkID: sn.NetworkID, CIDR: "10.96.0.0/24",
-		IPVersion: 4, Purpose: controllerapi.SubnetPurposeService})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/24")
 	pods := []pod{c.newPod(ctx, t, pid, sn.ID, c.hosts[0]), c.newPod(ctx, t, pid, sn.ID, c.hosts[0]),
 		c.newPod(ctx, t, pid, sn.ID, c.hosts[1])}
 	c.waitUp(ctx, t, pid, pods...)

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
+	"kurma.dev/kurma/internal/agent/nettest"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -28,16 +28,7 @@ func TestWatchGoneBurst(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	nsh, err := netns.GetFromPath(host.ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsh.Close()
-	h, err := netlink.NewHandleAt(nsh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nettest.Handle(t, host.ns)
 	const n = 300
 	var links []netlink.Link
 	for i := range n {

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"kurma.dev/kurma/internal/testutil"
 )
@@ -141,4 +143,21 @@ func Links(t testing.TB, nsPath string) []string {
 
 func runQuiet(name string, args ...string) error {
 	return exec.Command(name, args...).Run()
+}
+
+// Handle returns a netlink handle inside the namespace at nsPath, closed
+// when the test ends.
+func Handle(t testing.TB, nsPath string) *netlink.Handle {
+	t.Helper()
+	nsh, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
 }
