@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,7 +81,19 @@ func main() {
 	adds := flag.Int("adds", 20, "samples of (b) and (c)")
 	local := flag.Int("local", 100, "pods on the bench node")
 	inproc := flag.Bool("inprocess", false, "time engine and path alone, no API server (inproc.go)")
+	cpuprof := flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 	flag.Parse()
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "-cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var err error

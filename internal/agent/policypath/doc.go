@@ -42,10 +42,14 @@
 // (each owner's references are counted; the path remembers, for the
 // elements touched since the last commit, whether the kernel held them).
 // Sync makes the kernel equal to the whole wanted state whatever it held
-// (after a restart or kill -9, or drift): one atomic transaction flushes
-// every policy set and adds every wanted element, O(elements) in the
-// kernel with nothing read back (a dump of a hashed set is quadratic in
-// its messages; Kernel reads the sets, for tests). Elements are
+// (after a restart or kill -9, or drift): the first one of a process
+// flushes every policy set and adds every wanted element in one atomic
+// transaction, O(elements) in the kernel with nothing read back (a dump
+// of a hashed set is quadratic in its messages; Kernel reads the sets,
+// for tests). A later one (the periodic resync) checks that the sets are
+// the ones it wrote (table and set handles) and still hold a sample of
+// their elements (a few single-element lookups), then writes only the
+// difference from its mirror: nothing when nothing changed. Elements are
 // fixed-size and pointer-free, so the maps of hundreds of thousands of
 // them are not scanned by the garbage collector.
 //

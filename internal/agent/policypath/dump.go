@@ -2,7 +2,9 @@ package policypath
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"strings"
 
 	mnl "github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -119,4 +121,123 @@ func dataValue(ad *mnl.AttributeDecoder) []byte {
 		return d.Err()
 	})
 	return v
+}
+
+// Attribute numbers x/sys/unix does not define (linux/netfilter/nf_tables.h).
+const (
+	nftaTableHandle = 4  // NFTA_TABLE_HANDLE
+	nftaSetHandle   = 16 // NFTA_SET_HANDLE
+)
+
+// dial opens a netlink netfilter connection in the host namespace for
+// the reads below (the library's connection has no handles or single
+// element lookups).
+func (p *Path) dial() (*mnl.Conn, error) {
+	c, err := mnl.Dial(unix.NETLINK_NETFILTER, &mnl.Config{NetNS: int(p.nsf.Fd())})
+	if err != nil {
+		return nil, fmt.Errorf("policypath: netlink: %w", err)
+	}
+	return c, nil
+}
+
+func nftMsg(typ int, flags mnl.HeaderFlags, attrs []byte) mnl.Message {
+	return mnl.Message{Header: mnl.Header{Type: mnl.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: mnl.Request | flags},
+		Data: append([]byte{unix.NFPROTO_INET, 0, 0, 0}, attrs...)}
+}
+
+// identity names the kernel objects the policy sets are: the table's
+// handle and each policy set's handle. The kernel gives a recreated table
+// a new handle (tables are numbered per network namespace, never reused),
+// so an equal identity means the sets written by the last full sync still
+// exist (possibly with other elements: see probe).
+func (p *Path) identity(c *mnl.Conn) (string, error) {
+	ae := mnl.NewAttributeEncoder()
+	ae.String(unix.NFTA_TABLE_NAME, p.cfg.Table)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return "", err
+	}
+	msgs, err := c.Execute(nftMsg(unix.NFT_MSG_GETTABLE, 0, attrs))
+	if err != nil {
+		return "", fmt.Errorf("policypath: get table %s: %w", p.cfg.Table, err)
+	}
+	var b strings.Builder
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := mnl.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return "", err
+		}
+		for ad.Next() {
+			if ad.Type() == nftaTableHandle {
+				fmt.Fprintf(&b, "table %d", ad.Uint64())
+			}
+		}
+	}
+	ae = mnl.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_TABLE, p.cfg.Table)
+	if attrs, err = ae.Encode(); err != nil {
+		return "", err
+	}
+	if msgs, err = c.Execute(nftMsg(unix.NFT_MSG_GETSET, mnl.Dump, attrs)); err != nil {
+		return "", fmt.Errorf("policypath: list sets of %s: %w", p.cfg.Table, err)
+	}
+	handles := map[string]uint64{}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := mnl.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return "", err
+		}
+		var name string
+		var h uint64
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_SET_NAME:
+				name = ad.String()
+			case nftaSetHandle:
+				h = ad.Uint64()
+			}
+		}
+		handles[name] = h
+	}
+	for _, d := range setDefs {
+		fmt.Fprintf(&b, " %s %d", d.name, handles[d.name])
+	}
+	return b.String(), nil
+}
+
+// present reports whether the kernel holds element e of a hashed set
+// (one NFT_MSG_GETSETELEM lookup, O(1) in the kernel).
+func (p *Path) present(c *mnl.Conn, e elem) (bool, error) {
+	ae := mnl.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, p.cfg.Table)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, setDefs[e.set].name)
+	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *mnl.AttributeEncoder) error {
+		ae.Nested(unix.NFTA_LIST_ELEM, func(ae *mnl.AttributeEncoder) error {
+			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *mnl.AttributeEncoder) error {
+				ae.Bytes(unix.NFTA_DATA_VALUE, e.key[:e.keyLen()])
+				return nil
+			})
+			return nil
+		})
+		return nil
+	})
+	attrs, err := ae.Encode()
+	if err != nil {
+		return false, err
+	}
+	_, err = c.Execute(nftMsg(unix.NFT_MSG_GETSETELEM, 0, attrs))
+	var oe *mnl.OpError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &oe) && errors.Is(oe.Err, unix.ENOENT):
+		return false, nil
+	}
+	return false, fmt.Errorf("policypath: get element of %s: %w", setDefs[e.set].name, err)
 }

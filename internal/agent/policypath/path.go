@@ -52,6 +52,12 @@ type Path struct {
 	// elements is kept, and none is read back.
 	pending map[elem]bool
 	kernel  int // elements in the kernel, as last written
+	// trusted: refs mirrors the kernel (a full Sync succeeded in this
+	// process and no transaction failed since), in the sets named by
+	// ident (see identity); a Sync may then write only the difference.
+	trusted bool
+	ident   string
+	written int // element operations of the last Sync or Apply (tests)
 }
 
 // New writes the skeleton (sets, chains) into the table; elements a
@@ -105,7 +111,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	for i, d := range setDefs {
 		p.sets[i] = &nftables.Set{Table: p.tbl, Name: d.name, Interval: d.interval, Concatenation: d.keyLen > 4}
 	}
-	if err := p.writeSkeleton(ctx); err != nil {
+	if _, err := p.writeSkeleton(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -121,7 +127,8 @@ const (
 // writeSkeleton writes the table, its sets and chains, unless every chain
 // already holds its rules (the fingerprint of the rules is the comment of
 // a chain's last rule, see inPlace): a restarted agent rewrites nothing.
-func (p *Path) writeSkeleton(ctx context.Context) error {
+// It reports whether it wrote.
+func (p *Path) writeSkeleton(ctx context.Context) (bool, error) {
 	tx := p.nft.NewTransaction()
 	prints := map[string]string{}
 	addRules := func(chain string, rules []string) {
@@ -174,12 +181,12 @@ func (p *Path) writeSkeleton(ctx context.Context) error {
 		"ip saddr @" + setDefs[setEgIso].name + " jump " + chainEg,
 	})
 	if p.inPlace(prints) {
-		return nil
+		return false, nil
 	}
 	if err := p.inHost(func() error { return p.nft.Run(ctx, tx) }); err != nil {
-		return fmt.Errorf("policypath: write table %s: %w", p.cfg.Table, err)
+		return true, fmt.Errorf("policypath: write table %s: %w", p.cfg.Table, err)
 	}
-	return nil
+	return true, nil
 }
 
 // fingerprint names a chain's rules.
@@ -372,17 +379,108 @@ func (p *Path) patchOwner(old, cur *Pod) bool {
 
 // Sync makes the kernel hold exactly the elements of all, whatever it
 // held before (a previous run's elements after a restart or kill -9, or
-// drift): in one netlink transaction it flushes every policy set and adds
-// every wanted element. The transaction is atomic, so no packet meets a
+// drift). The first Sync of a Path (and any after a failure) flushes
+// every policy set and adds every wanted element in one netlink
+// transaction. The transaction is atomic, so no packet meets a
 // half-written state, and it costs O(elements) in the kernel, where
 // reading the sets back to diff them costs more (a dump of a hashed set
 // walks it from its start for each message).
+//
+// A later Sync in the same process (the periodic resync) whose sets are
+// still the ones the last full sync wrote (same table and set handles,
+// see identity) and hold a sample of the elements they should (probe)
+// writes only the difference between the wanted state and the mirror, in
+// one transaction: nothing when nothing changed. Elements a foreign
+// writer added to the policy sets are not seen by that check; a restart
+// (or any failed transaction) rewrites everything.
 func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.writeSkeleton(ctx); err != nil {
+	wrote, err := p.writeSkeleton(ctx)
+	if err != nil {
+		p.trusted = false
 		return err
 	}
+	if !wrote && p.trusted {
+		ok, err := p.syncDiff(ctx, all)
+		if ok || err != nil {
+			return err
+		}
+	}
+	if err := p.syncFull(ctx, all); err != nil {
+		p.trusted = false
+		return err
+	}
+	p.trusted = true
+	return nil
+}
+
+// probeEach is how many elements of each hashed set a diff sync looks up
+// in the kernel before trusting its mirror.
+const probeEach = 4
+
+// syncDiff is Sync by difference: it reports false (having changed
+// nothing) when the mirror cannot be trusted, or the difference is too
+// large for one transaction.
+func (p *Path) syncDiff(ctx context.Context, all map[string]*Pod) (bool, error) {
+	c, err := p.dial()
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	if id, err := p.identity(c); err != nil || id != p.ident {
+		p.log.Warn("policypath: the policy sets were replaced; rewriting them", "err", err)
+		return false, nil
+	}
+	var seen [numSets]int
+	for e := range p.refs {
+		if setDefs[e.set].interval || seen[e.set] >= probeEach {
+			continue
+		}
+		seen[e.set]++
+		ok, err := p.present(c, e)
+		if err != nil || !ok {
+			p.log.Warn("policypath: an element is missing from the kernel; rewriting the policy sets", "set", setDefs[e.set].name, "err", err)
+			return false, nil
+		}
+	}
+	for k, pod := range all {
+		old, had := p.pods[k]
+		if pod == nil {
+			if had {
+				p.setOwner(k, nil)
+			}
+			continue
+		}
+		if !had || !samePod(&old, pod) {
+			p.setOwner(k, pod)
+		}
+	}
+	for k := range p.pods {
+		if _, ok := all[k]; !ok {
+			p.setOwner(k, nil)
+		}
+	}
+	if len(p.pending) > nftbatch.TxOps {
+		return false, nil // syncFull rebuilds the mirror from all
+	}
+	if err := p.commit(ctx); err != nil {
+		p.trusted = false
+		return true, err
+	}
+	return true, nil
+}
+
+// samePod reports whether a and b want the same elements, without
+// computing them.
+func samePod(a, b *Pod) bool {
+	eq := func(x, y Dir) bool { return x.Isolated == y.Isolated && slices.Equal(x.Allow, y.Allow) }
+	return a.IP == b.IP && eq(a.Ingress, b.Ingress) && eq(a.Egress, b.Egress)
+}
+
+// syncFull flushes every policy set and adds every wanted element in one
+// transaction, and rebuilds the mirror.
+func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 	// Fresh maps sized for the state (a cold start would otherwise grow
 	// them through many rehashes; a resync drops the old ones).
 	n := 0
@@ -456,6 +554,15 @@ func (p *Path) Sync(ctx context.Context, all map[string]*Pod) error {
 		return fmt.Errorf("policypath: full sync of %d elements: %w", len(p.refs), err)
 	}
 	p.kernel = len(p.refs)
+	p.written = len(p.refs)
+	c, err := p.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if p.ident, err = p.identity(c); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -488,6 +595,7 @@ func (p *Path) commit(ctx context.Context) error {
 			ops = append(ops, op{e, have})
 		}
 	}
+	p.written = len(ops)
 	err := nftbatch.Commit(p.conn, ops,
 		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
 		func(o op) nftables.SetElement { return p.element(o.e) },
@@ -502,6 +610,7 @@ func (p *Path) commit(ctx context.Context) error {
 			}
 		})
 	if err != nil {
+		p.trusted = false
 		return fmt.Errorf("policypath: %w", err)
 	}
 	clear(p.pending)
