@@ -2,7 +2,6 @@ package netpol
 
 import (
 	"maps"
-	"net/netip"
 	"slices"
 
 	networkingv1 "k8s.io/api/networking/v1"
@@ -211,11 +210,11 @@ func (e *Engine) peerDelta(c *podContrib, pol *policy, l, x *Pod, sign int32) {
 func (e *Engine) peerAllows(polNS string, ru rule, l, x *Pod, egress bool) []Allow {
 	var out []Allow
 	one := func(pr Proto, lo, hi uint16) {
-		out = append(out, Allow{PeerLo: x.IP, PeerHi: x.IP, Proto: pr, PortLo: lo, PortHi: hi})
+		out = append(out, Allow{PeerLo: A4(x.IP), PeerHi: A4(x.IP), Proto: pr, PortLo: lo, PortHi: hi})
 	}
-	var ranges [][2]netip.Addr
+	var ranges [][2]Addr4
 	if ru.allPeers {
-		ranges = append(ranges, [2]netip.Addr{anyLo, anyHi})
+		ranges = append(ranges, [2]Addr4{anyLo, anyHi})
 	}
 	for _, pe := range ru.peers {
 		if pe.block {
@@ -244,7 +243,7 @@ func (e *Engine) peerAllows(polNS string, ru rule, l, x *Pod, egress bool) []All
 			}
 		}
 	}
-	if egress && !ru.allPorts && len(ranges) > 0 && inRanges(ranges, x.IP) {
+	if egress && !ru.allPorts && len(ranges) > 0 && inRanges(ranges, A4(x.IP)) {
 		for _, pt := range ru.ports {
 			if pt.name == "" {
 				continue
@@ -273,7 +272,7 @@ func (e *Engine) namesPeer(pol *policy, p *Pod) bool {
 			}
 			for _, pe := range r.peers {
 				if pe.block {
-					if egress && named && inRanges(pe.ranges, p.IP) {
+					if egress && named && inRanges(pe.ranges, A4(p.IP)) {
 						return true
 					}
 					continue
@@ -734,10 +733,10 @@ func finish(d *Dir, set map[Allow]int32) []Allow {
 // local pod l.
 func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egress bool) {
 	// The peers: address ranges and pods.
-	var ranges [][2]netip.Addr
+	var ranges [][2]Addr4
 	var pods []*Pod
 	if ru.allPeers {
-		ranges = append(ranges, [2]netip.Addr{anyLo, anyHi})
+		ranges = append(ranges, [2]Addr4{anyLo, anyHi})
 	}
 	for _, pe := range ru.peers {
 		if pe.block {
@@ -746,7 +745,7 @@ func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egres
 		}
 		pods = e.appendPeers(pods, polNS, pe)
 	}
-	add := func(lo, hi netip.Addr, pr Proto, plo, phi uint16) {
+	add := func(lo, hi Addr4, pr Proto, plo, phi uint16) {
 		count(Allow{PeerLo: lo, PeerHi: hi, Proto: pr, PortLo: plo, PortHi: phi})
 	}
 	if ru.allPorts {
@@ -754,7 +753,7 @@ func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egres
 			add(rg[0], rg[1], 0, 0, 0)
 		}
 		for _, p := range pods {
-			add(p.IP, p.IP, 0, 0, 0)
+			add(A4(p.IP), A4(p.IP), 0, 0, 0)
 		}
 		return
 	}
@@ -764,7 +763,7 @@ func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egres
 				add(rg[0], rg[1], pt.proto, pt.lo, pt.hi)
 			}
 			for _, p := range pods {
-				add(p.IP, p.IP, pt.proto, pt.lo, pt.hi)
+				add(A4(p.IP), A4(p.IP), pt.proto, pt.lo, pt.hi)
 			}
 			continue
 		}
@@ -777,7 +776,7 @@ func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egres
 				add(rg[0], rg[1], pt.proto, n, n)
 			}
 			for _, p := range pods {
-				add(p.IP, p.IP, pt.proto, n, n)
+				add(A4(p.IP), A4(p.IP), pt.proto, n, n)
 			}
 			continue
 		}
@@ -785,16 +784,16 @@ func (e *Engine) addRule(count func(Allow), polNS string, ru rule, l *Pod, egres
 		// pods whose addresses it holds.
 		for _, p := range pods {
 			if n, ok := p.namedPort(pt.name, pt.proto); ok {
-				add(p.IP, p.IP, pt.proto, n, n)
+				add(A4(p.IP), A4(p.IP), pt.proto, n, n)
 			}
 		}
 		if len(ranges) > 0 {
 			for _, p := range e.pods {
-				if !p.active() || !inRanges(ranges, p.IP) {
+				if !p.active() || !inRanges(ranges, A4(p.IP)) {
 					continue
 				}
 				if n, ok := p.namedPort(pt.name, pt.proto); ok {
-					add(p.IP, p.IP, pt.proto, n, n)
+					add(A4(p.IP), A4(p.IP), pt.proto, n, n)
 				}
 			}
 		}
@@ -830,9 +829,9 @@ func (e *Engine) appendPeers(out []*Pod, polNS string, pe peer) []*Pod {
 	return out
 }
 
-func inRanges(rs [][2]netip.Addr, a netip.Addr) bool {
+func inRanges(rs [][2]Addr4, a Addr4) bool {
 	for _, r := range rs {
-		if r[0].Compare(a) <= 0 && a.Compare(r[1]) <= 0 {
+		if r[0] <= a && a <= r[1] {
 			return true
 		}
 	}
