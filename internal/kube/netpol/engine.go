@@ -119,20 +119,48 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		if rep == nil || !(e.namesPeer(rep, old) || e.namesPeer(rep, cur)) {
 			continue
 		}
+		// The policies of one signature have the same peers, so which of
+		// them the pod matches is worked out once (selector matching is
+		// the costly part of a delta).
+		mOld, mCur := e.matches(rep, old), e.matches(rep, cur)
 		for pk := range pks {
 			pol := e.policies[pk]
 			locals := e.polLocal[pk]
 			if pol == nil || len(locals) == 0 {
 				continue
 			}
-			e.peerChanged(pol, locals, old, cur)
+			e.peerChanged(pol, locals, old, cur, mOld, mCur)
 		}
 	}
 }
 
-// peerChanged applies peer x's change (old to cur) to the local pods of
-// pol: as a delta when their contributions are current.
-func (e *Engine) peerChanged(pol *policy, locals map[string]bool, old, cur *Pod) {
+// peerMatch says, per direction (0 ingress, 1 egress), rule and peer
+// entry of a policy, whether a pod matches that peer entry's selectors.
+type peerMatch [2][][]bool
+
+// matches is the peerMatch of pod x for pol (and every policy of its
+// signature); nil when x is not an active pod.
+func (e *Engine) matches(pol *policy, x *Pod) *peerMatch {
+	if x == nil || !x.active() {
+		return nil
+	}
+	var m peerMatch
+	for d, rs := range [2][]rule{pol.inRules, pol.egRules} {
+		m[d] = make([][]bool, len(rs))
+		for i, ru := range rs {
+			m[d][i] = make([]bool, len(ru.peers))
+			for j, pe := range ru.peers {
+				m[d][i][j] = !pe.block && e.peerMatches(pol.namespace, pe, x)
+			}
+		}
+	}
+	return &m
+}
+
+// peerChanged applies peer x's change (old to cur, whose matches are
+// mOld and mCur) to the local pods of pol: as a delta when their
+// contributions are current.
+func (e *Engine) peerChanged(pol *policy, locals map[string]bool, old, cur *Pod, mOld, mCur *peerMatch) {
 	for l := range locals {
 		c := e.contrib[l]
 		if e.dirty[l] || c == nil {
@@ -142,8 +170,8 @@ func (e *Engine) peerChanged(pol *policy, locals map[string]bool, old, cur *Pod)
 		// The local pod's rules are current but for this peer: take its
 		// old contributions out and put the new ones in.
 		lp := e.pods[l]
-		e.peerDelta(c, pol, lp, old, -1)
-		e.peerDelta(c, pol, lp, cur, 1)
+		e.peerDelta(c, pol, lp, old, mOld, -1)
+		e.peerDelta(c, pol, lp, cur, mCur, 1)
 		e.deltas[l] = true
 	}
 }
@@ -183,45 +211,45 @@ func flips(f *map[Allow]bool) map[Allow]bool {
 	return *f
 }
 
-// peerDelta adds sign times what peer x contributes through pol's rules
-// to local pod l (exactly what addRule counts for x).
-func (e *Engine) peerDelta(c *podContrib, pol *policy, l, x *Pod, sign int32) {
-	if x == nil || !x.active() || l == nil {
+// peerDelta adds sign times what peer x (whose matches are m, see
+// matches) contributes through pol's rules to local pod l (exactly what
+// addRule counts for x).
+func (e *Engine) peerDelta(c *podContrib, pol *policy, l, x *Pod, m *peerMatch, sign int32) {
+	if x == nil || !x.active() || l == nil || m == nil {
 		return
 	}
-	apply := func(set map[Allow]int32, flip map[Allow]bool, rs []rule, egress bool) {
-		for _, ru := range rs {
-			for _, a := range e.peerAllows(pol.namespace, ru, l, x, egress) {
+	var buf [8]Allow
+	apply := func(set map[Allow]int32, flip map[Allow]bool, rs []rule, ms [][]bool, egress bool) {
+		for i, ru := range rs {
+			for _, a := range peerAllows(buf[:0], ru, ms[i], l, x, egress) {
 				count(set, flip, a, sign)
 			}
 		}
 	}
 	if pol.ingress {
-		apply(c.in, flips(&c.flipIn), pol.inRules, false)
+		apply(c.in, flips(&c.flipIn), pol.inRules, m[0], false)
 	}
 	if pol.egress {
-		apply(c.eg, flips(&c.flipEg), pol.egRules, true)
+		apply(c.eg, flips(&c.flipEg), pol.egRules, m[1], true)
 	}
 }
 
-// peerAllows lists, with repetitions, the Allows of rule ru that involve
-// pod x as a peer of local pod l: once per peer entry x matches and per
-// port, plus egress named ports reached through address ranges.
-func (e *Engine) peerAllows(polNS string, ru rule, l, x *Pod, egress bool) []Allow {
-	var out []Allow
+// peerAllows appends to out, with repetitions, the Allows of rule ru that
+// involve pod x as a peer of local pod l: once per peer entry x matches
+// (matched[i] for peer entry i) and per port, plus egress named ports
+// reached through address ranges.
+func peerAllows(out []Allow, ru rule, matched []bool, l, x *Pod, egress bool) []Allow {
+	xa := A4(x.IP)
 	one := func(pr Proto, lo, hi uint16) {
-		out = append(out, Allow{PeerLo: A4(x.IP), PeerHi: A4(x.IP), Proto: pr, PortLo: lo, PortHi: hi})
+		out = append(out, Allow{PeerLo: xa, PeerHi: xa, Proto: pr, PortLo: lo, PortHi: hi})
 	}
-	var ranges [][2]Addr4
-	if ru.allPeers {
-		ranges = append(ranges, [2]Addr4{anyLo, anyHi})
-	}
-	for _, pe := range ru.peers {
+	inRange := ru.allPeers
+	for i, pe := range ru.peers {
 		if pe.block {
-			ranges = append(ranges, pe.ranges...)
+			inRange = inRange || inRanges(pe.ranges, xa)
 			continue
 		}
-		if !e.peerMatches(polNS, pe, x) {
+		if !matched[i] {
 			continue
 		}
 		if ru.allPorts {
@@ -243,7 +271,7 @@ func (e *Engine) peerAllows(polNS string, ru rule, l, x *Pod, egress bool) []All
 			}
 		}
 	}
-	if egress && !ru.allPorts && len(ranges) > 0 && inRanges(ranges, A4(x.IP)) {
+	if egress && !ru.allPorts && inRange {
 		for _, pt := range ru.ports {
 			if pt.name == "" {
 				continue
