@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -80,5 +81,23 @@ func BenchmarkColdCompute(b *testing.B) {
 		}
 		b.StartTimer()
 		e.Compute()
+	}
+}
+
+// BenchmarkColdLoad: 10,000 policies handed to an engine holding
+// benchPods, as a restarted agent's policy watch delivers them before
+// its first full sync (the handler runs SetPolicy for each, serially).
+func BenchmarkColdLoad(b *testing.B) {
+	nps := make([]*networkingv1.NetworkPolicy, 10000)
+	for j := range nps {
+		nps[j] = benchPolicy(j)
+	}
+	for b.Loop() {
+		b.StopTimer()
+		e := benchPods()
+		b.StartTimer()
+		for _, np := range nps {
+			_ = e.SetPolicy(np)
+		}
 	}
 }

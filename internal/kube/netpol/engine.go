@@ -41,6 +41,7 @@ type Engine struct {
 	// memo holds, during one Compute, the pods each peer selector matched
 	// (policies often share selectors).
 	memo map[string][]*Pod
+	sels selCache
 }
 
 // NewEngine returns an empty engine for node.
@@ -377,7 +378,7 @@ func (p *policy) usesNS() bool {
 // this) still isolates the pods it selects, with no allowed peer: it
 // fails closed. The error says why.
 func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
-	pol, err := compile(np)
+	pol, err := compile(np, &e.sels)
 	if err != nil {
 		pol = &policy{namespace: np.Namespace, name: np.Name, selector: labels.Everything(), ingress: true, egress: true}
 		if s, serr := compileSelector(np); serr == nil {
@@ -401,6 +402,12 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 		e.polByNS[pol.namespace] = map[string]*policy{}
 	}
 	e.polByNS[pol.namespace][pol.name] = pol
+	if len(e.contrib) == 0 {
+		// No local pod has computed contributions (a cold start's lists,
+		// before the first Compute): every active local pod is dirty
+		// already, so there is nothing to add to.
+		return err
+	}
 	for _, p := range e.localNS[pol.namespace] {
 		if pol.selector.Matches(labels.Set(p.Labels)) {
 			e.policyDelta(p.Key(), k, pol, 1)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
 	"slices"
@@ -264,10 +265,10 @@ type port struct {
 
 // compile turns a NetworkPolicy into a policy; what the API server would
 // reject (bad selector, CIDR, port) is an error.
-func compile(np *networkingv1.NetworkPolicy) (*policy, error) {
+func compile(np *networkingv1.NetworkPolicy, sc *selCache) (*policy, error) {
 	p := &policy{namespace: np.Namespace, name: np.Name}
 	var err error
-	if p.selector, err = metav1.LabelSelectorAsSelector(&np.Spec.PodSelector); err != nil {
+	if p.selector, err = sc.selector(&np.Spec.PodSelector); err != nil {
 		return nil, fmt.Errorf("podSelector: %w", err)
 	}
 	if len(np.Spec.PolicyTypes) == 0 {
@@ -284,14 +285,14 @@ func compile(np *networkingv1.NetworkPolicy) (*policy, error) {
 		}
 	}
 	for i, r := range np.Spec.Ingress {
-		cr, err := compileRule(r.From, r.Ports)
+		cr, err := compileRule(r.From, r.Ports, sc)
 		if err != nil {
 			return nil, fmt.Errorf("ingress[%d]: %w", i, err)
 		}
 		p.inRules = append(p.inRules, cr)
 	}
 	for i, r := range np.Spec.Egress {
-		cr, err := compileRule(r.To, r.Ports)
+		cr, err := compileRule(r.To, r.Ports, sc)
 		if err != nil {
 			return nil, fmt.Errorf("egress[%d]: %w", i, err)
 		}
@@ -301,7 +302,7 @@ func compile(np *networkingv1.NetworkPolicy) (*policy, error) {
 	return p, nil
 }
 
-func compileRule(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) (rule, error) {
+func compileRule(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, sc *selCache) (rule, error) {
 	r := rule{allPeers: len(peers) == 0, allPorts: len(ports) == 0}
 	for i, pp := range peers {
 		var cp peer
@@ -323,12 +324,12 @@ func compileRule(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.Ne
 			return r, fmt.Errorf("peer %d: empty", i)
 		default:
 			if pp.PodSelector != nil {
-				if cp.pods, err = metav1.LabelSelectorAsSelector(pp.PodSelector); err != nil {
+				if cp.pods, err = sc.selector(pp.PodSelector); err != nil {
 					return r, fmt.Errorf("peer %d: podSelector: %w", i, err)
 				}
 			}
 			if pp.NamespaceSelector != nil {
-				if cp.nsSel, err = metav1.LabelSelectorAsSelector(pp.NamespaceSelector); err != nil {
+				if cp.nsSel, err = sc.selector(pp.NamespaceSelector); err != nil {
 					return r, fmt.Errorf("peer %d: namespaceSelector: %w", i, err)
 				}
 			}
@@ -440,4 +441,54 @@ func addr4(v uint32) netip.Addr {
 
 func compileSelector(np *networkingv1.NetworkPolicy) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+}
+
+// selCache keeps the selectors compiled from label selectors: policies
+// mostly repeat a few selectors, and compiling one (validating every key
+// and value) costs more than looking it up. It forgets everything when
+// it grows past maxSelCache. A nil selCache compiles every time.
+type selCache struct {
+	m   map[string]labels.Selector
+	buf []byte
+}
+
+const maxSelCache = 4096
+
+// selector compiles ls (nil: every label set, as LabelSelectorAsSelector
+// says; the callers pass nil never).
+func (c *selCache) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
+	if c == nil || ls == nil {
+		return metav1.LabelSelectorAsSelector(ls)
+	}
+	b := c.buf[:0]
+	for _, k := range slices.Sorted(maps.Keys(ls.MatchLabels)) {
+		b = append(b, k...)
+		b = append(b, 0)
+		b = append(b, ls.MatchLabels[k]...)
+		b = append(b, 0)
+	}
+	for _, r := range ls.MatchExpressions {
+		b = append(b, 1)
+		b = append(b, r.Key...)
+		b = append(b, 0)
+		b = append(b, r.Operator...)
+		for _, v := range r.Values {
+			b = append(b, 0)
+			b = append(b, v...)
+		}
+		b = append(b, 2)
+	}
+	c.buf = b
+	if s, ok := c.m[string(b)]; ok {
+		return s, nil
+	}
+	s, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil || len(c.m) >= maxSelCache {
+		c.m = map[string]labels.Selector{}
+	}
+	c.m[string(b)] = s
+	return s, nil
 }
