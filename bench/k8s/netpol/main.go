@@ -160,9 +160,9 @@ func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
 }
 
 func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod {
-	out := map[string]*policypath.Pod{}
+	out := make(map[string]*policypath.Pod, len(in))
 	dir := func(d netpol.Dir) policypath.Dir {
-		o := policypath.Dir{Isolated: d.Isolated}
+		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, 0, len(d.Allow))}
 		for _, a := range d.Allow {
 			o.Allow = append(o.Allow, policypath.Allow{PeerLo: a.PeerLo.Addr(), PeerHi: a.PeerHi.Addr(), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
 		}

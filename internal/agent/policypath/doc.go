@@ -44,7 +44,7 @@
 // Sync makes the kernel equal to the whole wanted state whatever it held
 // (after a restart or kill -9, or drift): the first one of a process
 // flushes every policy set and adds every wanted element in one atomic
-// transaction, O(elements) in the kernel with nothing read back (a dump
+// transaction (encoded straight into one buffer, fulltx.go), O(elements) in the kernel with nothing read back (a dump
 // of a hashed set is quadratic in its messages; Kernel reads the sets,
 // for tests). A later one (the periodic resync) checks that the sets are
 // the ones it wrote (table and set handles) and still hold a sample of

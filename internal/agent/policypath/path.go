@@ -529,28 +529,16 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 	for e := range p.refs {
 		bySet[e.set] = append(bySet[e.set], e)
 	}
-	msg := make([]nftables.SetElement, 0, nftbatch.MsgElems)
-	for i, s := range p.sets {
-		p.conn.FlushSet(s)
-		d := setDefs[i]
-		for els := bySet[i]; len(els) > 0; {
-			n := min(len(els), nftbatch.MsgElems)
-			msg = msg[:0]
-			for k := range els[:n] {
-				key := els[k].key[:] // the library copies it into the message
-				el := nftables.SetElement{Key: key[:d.keyLen]}
-				if d.interval {
-					el.KeyEnd = key[d.keyLen : 2*d.keyLen]
-				}
-				msg = append(msg, el)
-			}
-			els = els[n:]
-			if err := p.conn.SetAddElements(s, msg); err != nil {
-				return fmt.Errorf("policypath: %w", err)
-			}
-		}
+	// About 56 bytes an element (an interval one 80), and a message
+	// header per nftbatch.MsgElems.
+	t := &fullTx{b: make([]byte, 0, 64*len(p.refs)+4096)}
+	t.begin()
+	for i, d := range setDefs {
+		t.flushSet(p.cfg.Table, d.name)
+		t.addElems(p.cfg.Table, d, bySet[i])
 	}
-	if err := p.conn.Flush(); err != nil {
+	t.finish()
+	if err := p.send(t); err != nil {
 		return fmt.Errorf("policypath: full sync of %d elements: %w", len(p.refs), err)
 	}
 	p.kernel = len(p.refs)
