@@ -81,3 +81,31 @@ func TestResyncWritesDifference(t *testing.T) {
 		}
 	}
 }
+
+// TestFullTxFails: a full transaction the kernel refuses (here, elements
+// for a set that does not exist after the flush of one that does)
+// reports the kernel's error and applies nothing, not even its flush.
+func TestFullTxFails(t *testing.T) {
+	testutil.RequireRoot(t)
+	host := nettest.NewNS(t, testutil.UniqueName("pptf"))
+	p, err := New(t.Context(), Config{HostNS: host, Table: "pptf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	pods := map[string]*Pod{"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.11", 6, 80)}}}}
+	if err := p.Sync(t.Context(), pods); err != nil {
+		t.Fatal(err)
+	}
+	tx := &fullTx{}
+	tx.begin()
+	tx.flushSet("pptf", setDefs[setInExact].name)
+	tx.addElems("pptf", setDef{name: "pol-none", keyLen: 4}, []elem{mkElem(setInIso, []byte{10, 0, 0, 1})})
+	tx.finish()
+	if err := p.send(tx); err == nil {
+		t.Fatal("a transaction naming a missing set succeeded")
+	}
+	if got, want := kernelElems(t, p), Want(pods); !slices.Equal(got, want) {
+		t.Fatalf("after the failed transaction:\n%v\nwant\n%v", got, want)
+	}
+}
