@@ -86,7 +86,7 @@ func convertRules(in map[string]*netpol.Rules) map[string]*policypath.Pod {
 	dir := func(d netpol.Dir) policypath.Dir {
 		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, len(d.Allow))}
 		for i, a := range d.Allow {
-			o.Allow[i] = policypath.Allow{PeerLo: a.PeerLo.Addr(), PeerHi: a.PeerHi.Addr(), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi}
+			o.Allow[i] = policypath.Allow{PeerLo: policypath.Addr4(a.PeerLo), PeerHi: policypath.Addr4(a.PeerHi), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi}
 		}
 		return o
 	}

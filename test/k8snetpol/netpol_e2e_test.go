@@ -344,7 +344,7 @@ func toPath(r *netpol.Rules) *policypath.Pod {
 	dir := func(d netpol.Dir) policypath.Dir {
 		o := policypath.Dir{Isolated: d.Isolated}
 		for _, a := range d.Allow {
-			o.Allow = append(o.Allow, policypath.Allow{PeerLo: a.PeerLo.Addr(), PeerHi: a.PeerHi.Addr(), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
+			o.Allow = append(o.Allow, policypath.Allow{PeerLo: policypath.Addr4(a.PeerLo), PeerHi: policypath.Addr4(a.PeerHi), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
 		}
 		return o
 	}

@@ -164,7 +164,7 @@ func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod {
 	dir := func(d netpol.Dir) policypath.Dir {
 		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, 0, len(d.Allow))}
 		for _, a := range d.Allow {
-			o.Allow = append(o.Allow, policypath.Allow{PeerLo: a.PeerLo.Addr(), PeerHi: a.PeerHi.Addr(), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
+			o.Allow = append(o.Allow, policypath.Allow{PeerLo: policypath.Addr4(a.PeerLo), PeerHi: policypath.Addr4(a.PeerHi), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
 		}
 		return o
 	}

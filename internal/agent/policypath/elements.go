@@ -117,11 +117,11 @@ func dirBase(d int) int {
 // true; those elements depend on the pod's other ranged allows, see
 // rangedElems). ok is false for an invalid allow.
 func exactElem(pod uint32, d int, a Allow) (e elem, ranged, ok bool) {
-	if !a.PeerLo.Is4() || !a.PeerHi.Is4() || a.PeerHi.Less(a.PeerLo) || a.PortHi < a.PortLo {
+	if a.PeerHi < a.PeerLo || a.PortHi < a.PortLo {
 		return elem{}, false, false
 	}
 	base := dirBase(d)
-	lo, hi := u32(a.PeerLo), u32(a.PeerHi)
+	lo, hi := uint32(a.PeerLo), uint32(a.PeerHi)
 	single, anyPeer := lo == hi, lo == 0 && hi == math.MaxUint32
 	var b [maxKey]byte
 	switch {
@@ -157,7 +157,7 @@ func rangedElems(p *Pod) []elem {
 			if _, ranged, ok := exactElem(pod, d, a); !ok || !ranged {
 				continue
 			}
-			lo, hi := u32(a.PeerLo), u32(a.PeerHi)
+			lo, hi := uint32(a.PeerLo), uint32(a.PeerHi)
 			if a.Proto == 0 {
 				cidrs = append(cidrs, span{lo, hi})
 			} else {
@@ -182,10 +182,10 @@ func rangedElems(p *Pod) []elem {
 // cmpAllow orders allows as the engine sorts them (peer range, protocol,
 // port range).
 func cmpAllow(a, b Allow) int {
-	if c := cmp.Compare(u32(a.PeerLo), u32(b.PeerLo)); c != 0 {
+	if c := cmp.Compare(a.PeerLo, b.PeerLo); c != 0 {
 		return c
 	}
-	if c := cmp.Compare(u32(a.PeerHi), u32(b.PeerHi)); c != 0 {
+	if c := cmp.Compare(a.PeerHi, b.PeerHi); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(a.Proto, b.Proto); c != 0 {
@@ -202,7 +202,7 @@ func cmpAllow(a, b Allow) int {
 // distinct allows have distinct exact elements.
 func strictlySorted(as []Allow) bool {
 	for i, a := range as {
-		if !a.PeerLo.Is4() || !a.PeerHi.Is4() || (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) ||
+		if (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) ||
 			(i > 0 && cmpAllow(as[i-1], a) >= 0) {
 			return false
 		}

@@ -26,18 +26,18 @@ func TestPatchEqualsFull(t *testing.T) {
 		peer := netip.AddrFrom4([4]byte{10, 0, 0, byte(r.IntN(8))})
 		switch r.IntN(5) {
 		case 0:
-			return Allow{PeerLo: peer, PeerHi: peer}
+			return Allow{PeerLo: A4(peer), PeerHi: A4(peer)}
 		case 1:
-			return Allow{PeerLo: netip.IPv4Unspecified(), PeerHi: netip.AddrFrom4([4]byte{255, 255, 255, 255}), Proto: 6, PortLo: 80, PortHi: 80}
+			return Allow{PeerLo: A4(netip.IPv4Unspecified()), PeerHi: A4(netip.AddrFrom4([4]byte{255, 255, 255, 255})), Proto: 6, PortLo: 80, PortHi: 80}
 		case 2:
 			hi := netip.AddrFrom4([4]byte{10, 0, 0, byte(8 + r.IntN(8))})
-			return Allow{PeerLo: peer, PeerHi: hi}
+			return Allow{PeerLo: A4(peer), PeerHi: A4(hi)}
 		case 3:
 			hi := netip.AddrFrom4([4]byte{10, 0, 0, byte(8 + r.IntN(8))})
 			lo := uint16(1000 + r.IntN(4))
-			return Allow{PeerLo: peer, PeerHi: hi, Proto: 17, PortLo: lo, PortHi: lo + uint16(r.IntN(3))}
+			return Allow{PeerLo: A4(peer), PeerHi: A4(hi), Proto: 17, PortLo: lo, PortHi: lo + uint16(r.IntN(3))}
 		}
-		return Allow{PeerLo: peer, PeerHi: peer, Proto: 6, PortLo: uint16(80 + r.IntN(3)), PortHi: 0}
+		return Allow{PeerLo: A4(peer), PeerHi: A4(peer), Proto: 6, PortLo: uint16(80 + r.IntN(3)), PortHi: 0}
 	}
 	randDir := func() Dir {
 		d := Dir{Isolated: r.IntN(5) > 0}
@@ -120,13 +120,13 @@ func TestReadSetEqualsLibrary(t *testing.T) {
 		for k := range 500 {
 			peer := netip.AddrFrom4([4]byte{10, 2, byte(k / 200), byte(k)})
 			pod.Ingress.Allow = append(pod.Ingress.Allow, exact(peer.String(), 6, uint16(1000+k%20)),
-				Allow{PeerLo: peer, PeerHi: peer})
+				Allow{PeerLo: A4(peer), PeerHi: A4(peer)})
 		}
 		for k := range 30 {
 			lo := netip.AddrFrom4([4]byte{172, 16, byte(k), 0})
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 127})
-			pod.Egress.Allow = append(pod.Egress.Allow, Allow{PeerLo: lo, PeerHi: hi, Proto: 17, PortLo: 53, PortHi: 60},
-				Allow{PeerLo: lo, PeerHi: hi})
+			pod.Egress.Allow = append(pod.Egress.Allow, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 17, PortLo: 53, PortHi: 60},
+				Allow{PeerLo: A4(lo), PeerHi: A4(hi)})
 		}
 		pods[fmt.Sprint(i)] = pod
 	}

@@ -32,8 +32,8 @@ func TestResyncWritesDifference(t *testing.T) {
 			for k := range 5 {
 				pod.Ingress.Allow = append(pod.Ingress.Allow, exact(netip.AddrFrom4([4]byte{10, 2, 0, byte(k)}).String(), 6, port))
 			}
-			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: netip.MustParseAddr("172.16.0.0"), PeerHi: netip.MustParseAddr("172.16.0.255"), Proto: 17, PortLo: 53, PortHi: 60})
-			pod.Egress.Allow = []Allow{{PeerLo: netip.MustParseAddr("10.3.0.1"), PeerHi: netip.MustParseAddr("10.3.0.1")}}
+			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: A4(netip.MustParseAddr("172.16.0.0")), PeerHi: A4(netip.MustParseAddr("172.16.0.255")), Proto: 17, PortLo: 53, PortHi: 60})
+			pod.Egress.Allow = []Allow{{PeerLo: A4(netip.MustParseAddr("10.3.0.1")), PeerHi: A4(netip.MustParseAddr("10.3.0.1"))}}
 			slices.SortFunc(pod.Ingress.Allow, cmpAllow)
 			pods[string(rune('a'+i))] = pod
 		}

@@ -33,7 +33,7 @@ func TestScale(t *testing.T) {
 		for k := range 20 {
 			lo := netip.AddrFrom4([4]byte{172, 16, byte(k), 0})
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 255})
-			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: lo, PeerHi: hi, Proto: 6, PortLo: 80, PortHi: 90})
+			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 6, PortLo: 80, PortHi: 90})
 		}
 		slices.SortFunc(pod.Ingress.Allow, cmpAllow) // as the engine gives them
 		pods[string(rune('a'+i%26))+string(rune('0'+i/26))] = pod
