@@ -164,10 +164,11 @@ func compactPod(o any) (any, error) {
 
 // event applies f to the engine and wakes the sync loop.
 func (c *Controller) event(f func()) {
+	t := time.Now() // the handler's own work (and wait) counts in the lag
 	c.mu.Lock()
 	f()
 	if c.eng.Dirty() > 0 && c.since.IsZero() {
-		c.since = time.Now()
+		c.since = t
 	}
 	c.mu.Unlock()
 	select {

@@ -124,6 +124,9 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		// them the pod matches is worked out once (selector matching is
 		// the costly part of a delta).
 		mOld, mCur := e.matches(rep, old), e.matches(rep, cur)
+		if sameAddrPorts(old, cur) && mOld.equal(mCur) {
+			continue // the old contributions equal the new ones
+		}
 		for pk := range pks {
 			pol := e.policies[pk]
 			locals := e.polLocal[pk]
@@ -156,6 +159,27 @@ func (e *Engine) matches(pol *policy, x *Pod) *peerMatch {
 		}
 	}
 	return &m
+}
+
+// equal reports whether m and o say the same (both nil: no match at all).
+func (m *peerMatch) equal(o *peerMatch) bool {
+	if m == nil || o == nil {
+		return m == o
+	}
+	for d := range 2 {
+		for i := range m[d] {
+			if !slices.Equal(m[d][i], o[d][i]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// sameAddrPorts reports whether a and b are active with the same address
+// and named ports: all a peer's allows depend on besides its matches.
+func sameAddrPorts(a, b *Pod) bool {
+	return a.active() && b.active() && a.IP == b.IP && slices.Equal(a.Ports, b.Ports)
 }
 
 // peerChanged applies peer x's change (old to cur, whose matches are
