@@ -30,7 +30,7 @@ type Engine struct {
 	polBySel map[string]map[string]*selGroup
 	// bySig groups the policies by peer signature (sigKey): a pod's
 	// change checks each signature once.
-	bySig map[string]map[string]bool
+	bySig map[string]map[string]*policy
 	rules map[string]*Rules // last computed, by local pod key
 	// contrib counts, per local pod, how many (policy, rule, peer, port)
 	// contributions make each Allow, so that a peer's change is applied
@@ -48,7 +48,7 @@ type Engine struct {
 func NewEngine(node string) *Engine {
 	return &Engine{node: node, pods: map[string]*Pod{}, byNS: map[string]map[string]*Pod{}, localNS: map[string]map[string]*Pod{},
 		nsLabels: map[string]labels.Set{}, policies: map[string]*policy{}, polByNS: map[string]map[string]*policy{},
-		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, bySig: map[string]map[string]bool{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
+		polLocal: map[string]map[string]bool{}, podPols: map[string][]string{}, polBySel: map[string]map[string]*selGroup{}, bySig: map[string]map[string]*policy{}, rules: map[string]*Rules{}, dirty: map[string]bool{},
 		contrib: map[string]*podContrib{}, deltas: map[string]bool{}}
 }
 
@@ -111,10 +111,13 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 	}
 	// One namesPeer per distinct peer signature, then only the policies
 	// of the signatures that name the pod (before or after).
+	// The local pods' state, looked up once per pod rather than once per
+	// policy naming the peer.
+	var ls map[string]*localRef
 	for _, pks := range e.bySig {
 		var rep *policy
-		for pk := range pks {
-			rep = e.policies[pk]
+		for _, pol := range pks {
+			rep = pol
 			break
 		}
 		if rep == nil || !(e.namesPeer(rep, old) || e.namesPeer(rep, cur)) {
@@ -127,15 +130,41 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		if sameAddrPorts(old, cur) && mOld.equal(mCur) {
 			continue // the old contributions equal the new ones
 		}
-		for pk := range pks {
-			pol := e.policies[pk]
+		if ls == nil {
+			ls = map[string]*localRef{}
+		}
+		for pk, pol := range pks {
 			locals := e.polLocal[pk]
-			if pol == nil || len(locals) == 0 {
+			if len(locals) == 0 {
 				continue
 			}
-			e.peerChanged(pol, locals, old, cur, mOld, mCur)
+			e.peerChanged(ls, pol, locals, old, cur, mOld, mCur)
 		}
 	}
+}
+
+// localRef is a local pod's state during one podChanged: its pod and
+// contributions, nil when it is to be recomputed.
+type localRef struct {
+	pod *Pod
+	c   *podContrib
+}
+
+// ref returns local pod l's localRef, marking it dirty (c nil) or as
+// changed by a delta.
+func (e *Engine) ref(ls map[string]*localRef, l string) *localRef {
+	if r, ok := ls[l]; ok {
+		return r
+	}
+	r := &localRef{pod: e.pods[l], c: e.contrib[l]}
+	if e.dirty[l] || r.c == nil {
+		e.dirty[l] = true
+		r.c = nil
+	} else {
+		e.deltas[l] = true
+	}
+	ls[l] = r
+	return r
 }
 
 // peerMatch says, per direction (0 ingress, 1 egress), rule and peer
@@ -185,19 +214,16 @@ func sameAddrPorts(a, b *Pod) bool {
 // peerChanged applies peer x's change (old to cur, whose matches are
 // mOld and mCur) to the local pods of pol: as a delta when their
 // contributions are current.
-func (e *Engine) peerChanged(pol *policy, locals map[string]bool, old, cur *Pod, mOld, mCur *peerMatch) {
+func (e *Engine) peerChanged(ls map[string]*localRef, pol *policy, locals map[string]bool, old, cur *Pod, mOld, mCur *peerMatch) {
 	for l := range locals {
-		c := e.contrib[l]
-		if e.dirty[l] || c == nil {
-			e.dirty[l] = true
-			continue
+		r := e.ref(ls, l)
+		if r.c == nil {
+			continue // recomputed by the next Compute
 		}
 		// The local pod's rules are current but for this peer: take its
 		// old contributions out and put the new ones in.
-		lp := e.pods[l]
-		e.peerDelta(c, pol, lp, old, mOld, -1)
-		e.peerDelta(c, pol, lp, cur, mCur, 1)
-		e.deltas[l] = true
+		e.peerDelta(r.c, pol, r.pod, old, mOld, -1)
+		e.peerDelta(r.c, pol, r.pod, cur, mCur, 1)
 	}
 }
 
@@ -685,9 +711,9 @@ func sigKey(pol *policy) string {
 func (e *Engine) group(pol *policy) {
 	sk := sigKey(pol)
 	if e.bySig[sk] == nil {
-		e.bySig[sk] = map[string]bool{}
+		e.bySig[sk] = map[string]*policy{}
 	}
-	e.bySig[sk][pol.namespace+"/"+pol.name] = true
+	e.bySig[sk][pol.namespace+"/"+pol.name] = pol
 	gs := e.polBySel[pol.namespace]
 	if gs == nil {
 		gs = map[string]*selGroup{}
