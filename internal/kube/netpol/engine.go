@@ -769,8 +769,7 @@ func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 	if len(flip) == 0 {
 		return old
 	}
-	var add []Allow
-	del := map[Allow]bool{}
+	var add, del []Allow
 	for a := range flip {
 		_, was := slices.BinarySearchFunc(old.Allow, a, cmpAllow)
 		now := set[a] > 0
@@ -778,17 +777,19 @@ func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 		case now && !was:
 			add = append(add, a)
 		case was && !now:
-			del[a] = true
+			del = append(del, a)
 		}
 	}
 	if len(add) == 0 && len(del) == 0 {
 		return old
 	}
 	slices.SortFunc(add, cmpAllow)
+	slices.SortFunc(del, cmpAllow) // a sorted subset of old.Allow
 	out := make([]Allow, 0, len(old.Allow)+len(add)-len(del))
-	i := 0
+	i, j := 0, 0
 	for _, a := range old.Allow {
-		if del[a] {
+		if j < len(del) && del[j] == a {
+			j++
 			continue
 		}
 		for i < len(add) && cmpAllow(add[i], a) < 0 {
