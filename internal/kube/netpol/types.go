@@ -460,23 +460,24 @@ func (c *selCache) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
 	if c == nil || ls == nil {
 		return metav1.LabelSelectorAsSelector(ls)
 	}
+	// Every string length-prefixed, so that no two selectors share a key.
 	b := c.buf[:0]
+	str := func(v string) {
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	b = binary.AppendUvarint(b, uint64(len(ls.MatchLabels)))
 	for _, k := range slices.Sorted(maps.Keys(ls.MatchLabels)) {
-		b = append(b, k...)
-		b = append(b, 0)
-		b = append(b, ls.MatchLabels[k]...)
-		b = append(b, 0)
+		str(k)
+		str(ls.MatchLabels[k])
 	}
 	for _, r := range ls.MatchExpressions {
-		b = append(b, 1)
-		b = append(b, r.Key...)
-		b = append(b, 0)
-		b = append(b, r.Operator...)
+		str(r.Key)
+		str(string(r.Operator))
+		b = binary.AppendUvarint(b, uint64(len(r.Values)))
 		for _, v := range r.Values {
-			b = append(b, 0)
-			b = append(b, v...)
+			str(v)
 		}
-		b = append(b, 2)
 	}
 	c.buf = b
 	if s, ok := c.m[string(b)]; ok {
