@@ -5,7 +5,8 @@
 // per-pod create→Running p50/p99 (watched through the API, and the
 // kubelet's own podStartSLOduration), and the latency of the network
 // plugin's ADD under that load, timed by a wrapper (cnitimer) around the
-// plugin. The peer is "bridge": the upstream bridge + host-local plugins;
+// plugin; for Kurma, each ADD's timeline joined with the agent's
+// "cnid: ADD" log lines (timeline.go). The peer is "bridge": the upstream bridge + host-local plugins;
 // "bridge-default" is containerd's default conflist (bridge with
 // masquerade, host-local, portmap); "floor" is a no-op plugin (floorcni),
 // the least any CNI can cost here.

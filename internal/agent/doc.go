@@ -16,7 +16,7 @@
 // missing and removes what is no longer wanted. A resync touches nothing
 // of a port plugged as it is now (its namespace there, its spec and its
 // VPC's bridge as at its last plug, less than Config.Replug ago: a pod
-// burst's resync re-plugged every pod, a dozen netlink requests each);
+// burst's resync re-plugged every pod, 8 netlink requests each);
 // a host end that vanishes is reported by the datapath's link events and
 // plugged again at once. A replug of a port that is already plugged is a
 // no-op in the datapath (no second link).
