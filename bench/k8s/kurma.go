@@ -68,6 +68,7 @@ func kurmaFrom(_ context.Context, binDir, tmp, kurmaDir string) (setup, error) {
 		BinDir:   plugins,
 		Timed:    "kurma-k8s",
 		Metrics:  "http://" + metrics + "/metrics",
+		Traced:   true,
 		Started:  node.Start,
 		Drained: func(ctx context.Context, _ *kubecluster.Cluster) error {
 			return node.WaitDrained(ctx, 2*time.Minute)

@@ -5,7 +5,8 @@
 // per-pod create→Running p50/p99 (watched through the API, and the
 // kubelet's own podStartSLOduration), and the latency of the network
 // plugin's ADD under that load, timed by a wrapper (cnitimer) around the
-// plugin. The peer is "bridge": the upstream bridge + host-local plugins;
+// plugin; for Kurma, each ADD's timeline joined with the agent's
+// "cnid: ADD" log lines (timeline.go). The peer is "bridge": the upstream bridge + host-local plugins;
 // "bridge-default" is containerd's default conflist (bridge with
 // masquerade, host-local, portmap); "floor" is a no-op plugin (floorcni),
 // the least any CNI can cost here.
@@ -44,6 +45,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
 
@@ -65,6 +67,10 @@ type setup struct {
 	// Metrics, if set, is a Prometheus /metrics URL whose ADD phase
 	// histograms (metrics.go) are printed for the burst.
 	Metrics string
+	// Traced says the node's CNI daemon logs one "cnid: ADD" line per
+	// ADD in the kurma-agent log: the burst's ADD timeline (timeline.go)
+	// is printed.
+	Traced bool
 }
 
 // setupFunc prepares a setup in the scratch folder tmp.
@@ -154,6 +160,8 @@ type figures struct {
 	// (and what it ran: containerd's CNI plugins) used from the first
 	// create to all Running (cpu.go).
 	cpu map[string]float64
+	// steps is the burst's ADD timeline (setup.Traced).
+	steps []addStep
 }
 
 func main() {
@@ -246,6 +254,14 @@ func summarize(list []string, results []figures) {
 			med[proc] = xs[len(xs)/2]
 		}
 		fmt.Printf("%-8s CPU s per 100 pods (medians): %s\n", name, formatCPU(med))
+		var steps []addStep
+		for _, r := range by[name] {
+			steps = append(steps, r.steps...)
+		}
+		if steps != nil {
+			fmt.Printf("%-8s all rounds:\n", name)
+			printTimeline(steps)
+		}
 	}
 	peer := by[order[0]]
 	for _, name := range order[1:] {
@@ -383,6 +399,16 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 		}
 	}
 	r.add, r.addFailed = readTimings(timings, "ADD")
+	if s.Traced {
+		byName := map[string]time.Time{}
+		for i := range n {
+			byName[fmt.Sprintf("many-%03d", i)] = created[i]
+		}
+		seen.mu.Lock()
+		annotated := maps.Clone(seen.annotated)
+		seen.mu.Unlock()
+		r.steps = timeline(readCalls(timings, "ADD"), readDaemonAdds(agentLog(c.Dir)), byName, annotated)
+	}
 	r.sandboxTries = 100 * (len(r.add) + r.addFailed) / n
 	// The kubelet logs a pod's startup duration once it saw it running.
 	deadline := time.Now().Add(10 * time.Second)
@@ -413,12 +439,14 @@ type runningSet struct {
 	started chan struct{} // closed once the first watch is open
 	all     chan struct{} // closed once n pods were seen Running
 
-	mu sync.Mutex // guards at
-	at map[string]time.Time
+	mu        sync.Mutex // guards at, annotated
+	at        map[string]time.Time
+	annotated map[string]time.Time // Kurma's pod-networks annotation first seen
 }
 
 func newRunningSet(n int) *runningSet {
-	return &runningSet{n: n, started: make(chan struct{}), all: make(chan struct{}), at: map[string]time.Time{}}
+	return &runningSet{n: n, started: make(chan struct{}), all: make(chan struct{}), at: map[string]time.Time{},
+		annotated: map[string]time.Time{}}
 }
 
 func (s *runningSet) waitStarted(ctx context.Context) error {
@@ -467,6 +495,13 @@ func (s *runningSet) follow(ctx context.Context, c *kubecluster.Cluster) error {
 				continue
 			}
 			rv = p.ResourceVersion
+			if _, ok := p.Annotations[podnet.Annotation]; ok && ev.Type != watch.Deleted {
+				s.mu.Lock()
+				if _, seen := s.annotated[p.Name]; !seen {
+					s.annotated[p.Name] = time.Now()
+				}
+				s.mu.Unlock()
+			}
 			if ev.Type == watch.Deleted || p.Status.Phase != corev1.PodRunning {
 				continue
 			}
@@ -630,6 +665,9 @@ func report(name string, n int, r figures) {
 	fmt.Printf("  CPU s per 100 pods, first create → all Running: %s\n", formatCPU(r.cpu))
 	if r.phases[1] != nil {
 		printPhases(r.phases[0], r.phases[1])
+	}
+	if r.steps != nil {
+		printTimeline(r.steps)
 	}
 	fmt.Printf("  delete all → none left %s\n", ms(r.deleteAll))
 }

@@ -35,6 +35,13 @@ type guardSetter interface {
 	SetGuards(ctx context.Context, guards []datapath.Guard) error
 }
 
+// bridgeIndexer is implemented by datapaths that remember the index of
+// each VPC's bridge (a port's host end joins it): a bridge made anew
+// since a port's plug means the port must be plugged again.
+type bridgeIndexer interface {
+	BridgeIndex(vni uint32) int
+}
+
 // goneWatcher is implemented by datapaths that report vanished ports.
 type goneWatcher interface {
 	WatchGone(ctx context.Context, gone func(portID string)) error
@@ -53,6 +60,13 @@ type Config struct {
 	// Resync is the period of the full level check (orphans, vanished
 	// namespaces); default 30s.
 	Resync time.Duration
+	// Replug is how long a plugged port goes between full plugs when
+	// nothing about it changes: the resyncs in between touch nothing of
+	// an unchanged port (its namespace still there, its spec and its
+	// VPC's bridge as at its last plug); a host end that vanishes is
+	// reported by the datapath's link events and plugged again at once.
+	// Default 10 × Resync.
+	Replug time.Duration
 	// BackoffBase and BackoffMax bound the retry delay of a failing key
 	// and of a broken watch; defaults 50ms and 10s.
 	BackoffBase, BackoffMax time.Duration
@@ -125,6 +139,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second
 	}
+	if cfg.Replug <= 0 {
+		cfg.Replug = 10 * cfg.Resync
+	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = 50 * time.Millisecond
 	}
@@ -168,7 +185,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if w, ok := a.dp.(goneWatcher); ok {
 		// A host end that vanishes (its namespace was deleted) is synced
 		// at once instead of at the next resync.
-		if err := w.WatchGone(ctx, func(id string) { a.q.Add(portKey(id)) }); err != nil {
+		if err := w.WatchGone(ctx, func(id string) {
+			a.ports.unmarkPlugged(id)
+			a.q.Add(portKey(id))
+		}); err != nil {
 			a.log.Warn("no link events; relying on resync", "err", err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"kurma.dev/kurma/internal/agent/datapath"
 	"kurma.dev/kurma/pkg/controllerapi"
@@ -27,6 +28,7 @@ type portCache struct {
 	hosts      map[string]net.IP                // underlay address by host id
 	subnets    map[string]*controllerapi.Subnet // fetched when a fixed IP lacks its cidr
 	unreported map[string]string                // ports an urgent sync plugged, by namespace: their status report follows
+	plugged    map[string]plugMark              // what each local port was last plugged as, and when
 
 	synced    chan struct{} // closed after the first port list
 	hostsSeen chan struct{} // closed after the first host list
@@ -35,7 +37,7 @@ type portCache struct {
 func newPortCache(hostID string) *portCache {
 	return &portCache{hostID: hostID,
 		ports: map[string]*controllerapi.Port{}, hosts: map[string]net.IP{},
-		subnets: map[string]*controllerapi.Subnet{}, unreported: map[string]string{},
+		subnets: map[string]*controllerapi.Subnet{}, unreported: map[string]string{}, plugged: map[string]plugMark{},
 		synced: make(chan struct{}), hostsSeen: make(chan struct{})}
 }
 
@@ -150,6 +152,37 @@ func (c *portCache) setUnreported(id, netns string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.unreported[id] = netns
+}
+
+// plugMark is what a port was last plugged as (its spec in a comparable
+// form, and the index of its VPC's bridge then) and when.
+type plugMark struct {
+	print  string
+	bridge int
+	at     time.Time
+}
+
+// markPlugged records a successful plug.
+func (c *portCache) markPlugged(id string, m plugMark) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.plugged[id] = m
+}
+
+// unmarkPlugged forgets a port's plug: its next sync plugs it in full.
+func (c *portCache) unmarkPlugged(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.plugged, id)
+}
+
+// pluggedAs reports whether the port's last plug was of the same spec
+// and bridge, less than maxAge ago.
+func (c *portCache) pluggedAs(id string, m plugMark, maxAge time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	have, ok := c.plugged[id]
+	return ok && have.print == m.print && have.bridge == m.bridge && m.at.Sub(have.at) < maxAge
 }
 
 // local returns copies of the local ports of VPC vni, their fixed IPs

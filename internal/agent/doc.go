@@ -13,8 +13,13 @@
 // "not in the cache" as "remove", and requeue failures with exponential
 // backoff. After each (re)list and periodically, an orphan scan enqueues
 // every port and VPC the datapath owns, so a restart recreates what is
-// missing and removes what is no longer wanted, and a replug of a port
-// that is already plugged is a no-op in the datapath (no second link).
+// missing and removes what is no longer wanted. A resync touches nothing
+// of a port plugged as it is now (its namespace there, its spec and its
+// VPC's bridge as at its last plug, less than Config.Replug ago: a pod
+// burst's resync re-plugged every pod, 8 netlink requests each);
+// a host end that vanishes is reported by the datapath's link events and
+// plugged again at once. A replug of a port that is already plugged is a
+// no-op in the datapath (no second link).
 //
 // Restarts leave the datapath as it is: the first load-balancer sync
 // waits for the load balancer listing and VPC syncs wait for the host

@@ -26,8 +26,10 @@ const maxReason = 400
 //  1. read the port and place it (attach.go);
 //  2. not bound here, or nowhere to go: unplug (unplugPort);
 //  3. convert it (subnets fetched when needed); its namespace gone: unplug;
-//  4. ensure its VPC unless it has the port's gateways (vpc.go), plug;
-//  5. tell the waiting Attach, then report (now, or in the plain sync).
+//  4. a plain sync of a port plugged as it is now (same spec, same VPC
+//     bridge, less than Config.Replug ago): touch nothing, report;
+//  5. ensure its VPC unless it has the port's gateways (vpc.go), plug;
+//  6. tell the waiting Attach, then report (now, or in the plain sync).
 func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr error) {
 	p, ok := a.ports.get(id)
 	if !ok && !a.ports.isSynced() {
@@ -60,6 +62,7 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 		return err
 	}
 	if gone, reason := netnsGone(spec.NetNS); gone {
+		a.ports.unmarkPlugged(id)
 		res = &plugResult{err: kerrors.New(kerrors.NotFound, "%s", reason)}
 		if err := a.dp.Unplug(ctx, id); err != nil && !errors.Is(err, kerrors.Conflict) {
 			return err
@@ -70,7 +73,15 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 	if justPlugged && plugged == spec.NetNS {
 		return a.reportPlugged(ctx, &p, spec)
 	}
+	mark := a.plugMark(spec)
+	if !urgent && a.ports.pluggedAs(id, mark, a.cfg.Replug) {
+		// Unchanged since its last plug (a resync, an event that changes
+		// nothing here): touch nothing. A CNI ADD (urgent) always plugs.
+		a.att.notify(id, plugResult{plugged: true})
+		return a.reportPlugged(ctx, &p, spec)
+	}
 
+	a.ports.unmarkPlugged(id)
 	if err := a.plug(ctx, spec); err != nil {
 		res = &plugResult{err: err}
 		if gone, reason := netnsGone(spec.NetNS); gone {
@@ -88,6 +99,8 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 		a.q.Add(vpcKey(spec.VNI)) // its remotes
 	}
 
+	mark.bridge = a.bridgeOf(spec.VNI) // known now, if the plug ensured the VPC
+	a.ports.markPlugged(id, mark)
 	// Plugged: a waiting Attach returns now; the UP report to the
 	// controller follows (a failed report is retried by the queue).
 	a.att.notify(id, plugResult{plugged: true})
@@ -104,6 +117,7 @@ func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr er
 // from the cache (ok false), bound elsewhere, or waiting for an
 // attachment.
 func (a *Agent) unplugPort(ctx context.Context, id string, p controllerapi.Port, ok bool) error {
+	a.ports.unmarkPlugged(id)
 	err := a.dp.Unplug(ctx, id)
 	if errors.Is(err, kerrors.Conflict) || errors.Is(err, kerrors.Invalid) {
 		a.log.Warn("not unplugging a link we do not own", "port", id, "err", err)
@@ -158,6 +172,22 @@ func (a *Agent) plug(ctx context.Context, spec datapath.PortSpec) error {
 		a.vpcs.forget(spec.VNI)
 	}
 	return err
+}
+
+// plugMark is what a plug of spec now would record (cache.go): the spec
+// in a comparable form and the VPC's bridge, as the datapath knows it.
+func (a *Agent) plugMark(spec datapath.PortSpec) plugMark {
+	return plugMark{print: fmt.Sprintf("%s|%d|%s|%s|%v|%t", spec.NetNS, spec.VNI, spec.IfName, spec.MAC, spec.Addrs, spec.AdminDown),
+		bridge: a.bridgeOf(spec.VNI), at: time.Now()}
+}
+
+// bridgeOf is the index of the VPC's bridge as the datapath knows it (0
+// when it does not say).
+func (a *Agent) bridgeOf(vni uint32) int {
+	if bi, ok := a.dp.(bridgeIndexer); ok {
+		return bi.BridgeIndex(vni)
+	}
+	return 0
 }
 
 // portSpec converts a port, fetching subnets its fixed IPs do not

@@ -106,6 +106,7 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("plug port %s: vpc %d: %w", p.ID, p.VNI, err)
 	}
+	d.bridges.Store(p.VNI, br.Attrs().Index)
 	host, err := d.h.LinkByName(hostName)
 	switch {
 	case err == nil && host.Attrs().Alias != alias && d.interrupted(host):
@@ -161,6 +162,15 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
 	return nil
+}
+
+// BridgeIndex is the index of the VPC's bridge as this datapath last
+// found or made it (0: not known). It reads no kernel state.
+func (d *Datapath) BridgeIndex(vni uint32) int {
+	if ix, ok := d.bridges.Load(vni); ok {
+		return ix.(int)
+	}
+	return 0
 }
 
 // createVeth makes a port's pair in one request: the host end named

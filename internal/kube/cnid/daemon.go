@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,6 +93,8 @@ type Daemon struct {
 	pods listersv1.PodLister
 	inf  cache.SharedIndexInformer
 	fac  informers.SharedInformerFactory
+
+	inflight atomic.Int32 // connections being served
 
 	mu      sync.Mutex                 // guards records, waiters
 	records map[string]*record         // by container_ifname
@@ -252,6 +255,9 @@ func listen(path string) (net.Listener, error) {
 }
 
 func (d *Daemon) serve(ctx context.Context, c net.Conn) {
+	accepted := time.Now()
+	d.inflight.Add(1)
+	defer d.inflight.Add(-1)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(d.cfg.AnnotationTimeout + d.cfg.AttachTimeout + 10*time.Second))
 	var req cniwire.Request
@@ -260,7 +266,7 @@ func (d *Daemon) serve(ctx context.Context, c net.Conn) {
 	if err := dec.Decode(&req); err != nil {
 		resp = errorResponse("", cniError(5, "read request", err.Error()))
 	} else {
-		resp = d.Handle(ctx, &req)
+		resp = d.handle(ctx, &req, accepted, int(d.inflight.Load()))
 	}
 	_ = json.NewEncoder(c).Encode(&resp)
 }

@@ -26,6 +26,12 @@
 //   - STATUS is ready once the pod cache has synced and the agent has
 //     listed its ports.
 //
+// Each successful ADD is logged on one line ("cnid: ADD": container, pod,
+// port, and the time spent reading the request, waiting for the
+// annotation, for network policy and for the plug, with the number of
+// requests served at that moment); bench/k8s joins these lines with the
+// runtime's side into the burst's ADD timeline.
+//
 // Errors are CNI error JSON with the codes of internal/kube/cniwire
 // (documented in docs/kubernetes.md). Every limit stays well below the
 // kubelet's 4-minute sandbox timeout.

@@ -48,6 +48,20 @@ func errorResponse(cniVersion string, e *types.Error) cniwire.Response {
 
 // Handle runs one CNI invocation.
 func (d *Daemon) Handle(ctx context.Context, req *cniwire.Request) cniwire.Response {
+	return d.handle(ctx, req, time.Now(), 0)
+}
+
+// addTrace is where one ADD spent its time in the daemon, logged with
+// its outcome (one line per ADD; bench/k8s joins it with the runtime's
+// side by container id).
+type addTrace struct {
+	annotation, policy, attach time.Duration
+	pod, port                  string
+}
+
+// handle runs one CNI invocation read from a connection accepted at
+// accepted, while inflight requests (this one included) were served.
+func (d *Daemon) handle(ctx context.Context, req *cniwire.Request, accepted time.Time, inflight int) cniwire.Response {
 	var conf types.NetConf
 	cmd := req.Env["CNI_COMMAND"]
 	if cmd == "VERSION" {
@@ -62,9 +76,16 @@ func (d *Daemon) Handle(ctx context.Context, req *cniwire.Request) cniwire.Respo
 			fmt.Sprintf("config has %q; kurma-k8s speaks %v", conf.CNIVersion, versions)))
 	}
 	start := time.Now()
-	out, err := d.verb(ctx, cmd, req.Env, &conf, req.Stdin)
+	var tr addTrace
+	out, err := d.verb(ctx, cmd, req.Env, &conf, req.Stdin, &tr)
 	d.m.observeRequest(cmd, start, err)
-	d.log.Debug("cnid: request", "cmd", cmd, "container", req.Env["CNI_CONTAINERID"], "took", time.Since(start), "err", err)
+	if cmd == "ADD" && err == nil {
+		d.log.Info("cnid: ADD", "container", req.Env["CNI_CONTAINERID"], "pod", tr.pod, "port", tr.port,
+			"read", start.Sub(accepted), "annotation", tr.annotation, "policy", tr.policy, "attach", tr.attach,
+			"took", time.Since(start), "inflight", inflight)
+	} else {
+		d.log.Debug("cnid: request", "cmd", cmd, "container", req.Env["CNI_CONTAINERID"], "took", time.Since(start), "err", err)
+	}
 	if err != nil {
 		var te *types.Error
 		if !errors.As(err, &te) {
@@ -78,7 +99,7 @@ func (d *Daemon) Handle(ctx context.Context, req *cniwire.Request) cniwire.Respo
 	return cniwire.Response{Stdout: out}
 }
 
-func (d *Daemon) verb(ctx context.Context, cmd string, env map[string]string, conf *types.NetConf, stdin []byte) ([]byte, error) {
+func (d *Daemon) verb(ctx context.Context, cmd string, env map[string]string, conf *types.NetConf, stdin []byte, tr *addTrace) ([]byte, error) {
 	switch cmd {
 	case "STATUS":
 		return nil, d.status()
@@ -108,7 +129,7 @@ func (d *Daemon) verb(ctx context.Context, cmd string, env map[string]string, co
 	if cmd == "CHECK" {
 		return nil, d.check(ctx, cid, ifname, netnsPath, args)
 	}
-	return d.add(ctx, conf, cid, ifname, netnsPath, args)
+	return d.add(ctx, conf, cid, ifname, netnsPath, args, tr)
 }
 
 // annotationOf returns the pod's default network when its annotation is
@@ -195,7 +216,7 @@ func (d *Daemon) waitAnnotation(ctx context.Context, a PodArgs) (*corev1.Pod, po
 	}
 }
 
-func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netnsPath string, a PodArgs) (out []byte, retErr error) {
+func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netnsPath string, a PodArgs, tr *addTrace) (out []byte, retErr error) {
 	if conf.RawPrevResult != nil {
 		return nil, cniError(types.ErrInvalidNetworkConfig, "kurma-k8s must be the first plugin of its chain", "")
 	}
@@ -207,7 +228,9 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	if err != nil {
 		return nil, err
 	}
-	d.m.observePhase("annotation", time.Since(start))
+	tr.annotation = time.Since(start)
+	tr.pod, tr.port = pod.Namespace+"/"+pod.Name, n.PortID
+	d.m.observePhase("annotation", tr.annotation)
 	rec := &record{ContainerID: cid, IfName: ifname, NetNS: netnsPath, PortID: n.PortID,
 		Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID)}
 	if err := d.st.save(rec); err != nil {
@@ -247,7 +270,8 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 		if err := d.cfg.Policy.WaitPod(actx, pod.Namespace, pod.Name, ip); err != nil {
 			return nil, cniError(cniwire.ErrPolicyNotReady, "network policy not programmed", err.Error())
 		}
-		d.m.observePhase("policy", time.Since(start))
+		tr.policy = time.Since(start)
+		d.m.observePhase("policy", tr.policy)
 	}
 	start = time.Now()
 	port, err := d.cfg.Agent.Attach(actx, n.PortID, attachment(rec))
@@ -261,7 +285,8 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	if e := sameAddresses(n, port); e != nil {
 		return nil, e
 	}
-	d.m.observePhase("attach", time.Since(start))
+	tr.attach = time.Since(start)
+	d.m.observePhase("attach", tr.attach)
 	res, err := result(n, ifname, netnsPath)
 	if err != nil {
 		return nil, err
