@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"errors"
 	"bufio"
 	"fmt"
 	"net/http"
@@ -26,8 +27,16 @@ var timers = regexp.MustCompile(`\b\w+_timer +[0-9.]+`)
 func kernelState(t *testing.T, h *host) map[string][]string {
 	t.Helper()
 	run := func(args ...string) []string {
-		out, err := exec.Command("ip", append([]string{"netns", "exec", nettest.Name(h.ns)}, args...)...).CombinedOutput()
+		// Standard output only: ip writes to standard error a line per
+		// veth whose peer lies in a namespace it cannot name ("Peer netns
+		// reference is invalid"), which depends on what else runs on the
+		// machine, not on this host.
+		out, err := exec.Command("ip", append([]string{"netns", "exec", nettest.Name(h.ns)}, args...)...).Output()
 		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				out = append(out, ee.Stderr...)
+			}
 			t.Fatalf("%v: %v: %s", args, err, out)
 		}
 		var lines []string
