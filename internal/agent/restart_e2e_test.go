@@ -1,8 +1,8 @@
 package agent_test
 
 import (
-	"errors"
 	"bufio"
+	"errors"
 	"fmt"
 	"net/http"
 	"os/exec"
