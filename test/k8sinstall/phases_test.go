@@ -302,6 +302,10 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 	t.Logf("FIGURES upgrade: rollout %v; new connections %d answered, %d failed (%s), longest gap %v (client late by up to %v); established: %v",
 		rolled.Round(10*time.Millisecond), st.ok, st.failed, failureKinds(st.events), st.maxGap.Round(time.Millisecond),
 		st.maxLate.Round(time.Millisecond), st.established)
+	for i, ds := range directSt {
+		t.Logf("upgrade: straight to pod %s: longest gap %v, %d answered, %d failed (%s)", in.pods[i].Name,
+			ds.maxGap.Round(time.Millisecond), ds.ok, ds.failed, failureKinds(ds.events))
+	}
 	if st.established != nil {
 		t.Errorf("the established connection broke during the upgrade: %v", st.established)
 	}
