@@ -2,11 +2,15 @@ package k8sinstall
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -78,5 +82,91 @@ func TestProbeOnce(t *testing.T) {
 				t.Fatalf("started %v, connected %v, answered %v", a.start, a.connected, a.answered)
 			}
 		})
+	}
+}
+
+// TestProbeOnceLateClient: a prober stopped (SIGSTOP) for longer than its
+// deadlines, while the path and the server answer at once, counts every
+// attempt answered and reports itself late: the verdict is the kernel's,
+// not the client's clock.
+func TestProbeOnceLateClient(t *testing.T) {
+	if addr := os.Getenv("K8SINSTALL_PROBE_HELPER"); addr != "" {
+		// The stopped prober: one attempt after another, one line each.
+		ap := netip.MustParseAddrPort(addr)
+		here := func(f func() error) error { return f() }
+		for range 30 {
+			a := probeOnce(here, ap, "hostname", 250*time.Millisecond, 250*time.Millisecond)
+			fmt.Printf("attempt %q %v %d\n", a.answer, a.err, a.late.Milliseconds())
+		}
+		return
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := bufio.NewReader(c).ReadString('\n'); err == nil {
+					// Slow enough that most stops fall while the
+					// prober waits for the answer.
+					time.Sleep(100 * time.Millisecond)
+					_, _ = c.Write([]byte("echo-1\n"))
+				}
+			}()
+		}
+	}()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestProbeOnceLateClient$")
+	cmd.Env = append(os.Environ(), "K8SINSTALL_PROBE_HELPER="+ln.Addr().String())
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Stop it again and again, each time longer than both deadlines.
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for stops := 0; ; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("prober: %v\n%s", err, out.String())
+			}
+			late, n := 0, 0
+			for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+				rest, ok := strings.CutPrefix(l, "attempt ")
+				if !ok {
+					continue // the test framework's own lines
+				}
+				n++
+				f := strings.Fields(rest)
+				if len(f) < 3 || f[0] != `"echo-1"` || f[1] != "<nil>" {
+					t.Fatalf("an attempt failed while the prober was stopped: %q\n%s", l, out.String())
+				}
+				if f[len(f)-1] != "0" {
+					late++
+				}
+			}
+			if n != 30 || late == 0 {
+				t.Fatalf("%d attempts, %d late (%d stops): the test proved nothing\n%s", n, late, stops, out.String())
+			}
+			t.Logf("%d attempts answered, %d of them looked at late (%d stops of 400 ms)", n, late, stops)
+			return
+		case <-tick.C:
+			if stops < 6 {
+				_ = cmd.Process.Signal(syscall.SIGSTOP)
+				time.Sleep(400 * time.Millisecond)
+				_ = cmd.Process.Signal(syscall.SIGCONT)
+				stops++
+			}
+		}
 	}
 }
