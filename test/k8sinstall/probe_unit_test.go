@@ -124,17 +124,39 @@ func TestProbeOnceLateClient(t *testing.T) {
 	}()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestProbeOnceLateClient$")
 	cmd.Env = append(os.Environ(), "K8SINSTALL_PROBE_HELPER="+ln.Addr().String())
-	var out bytes.Buffer
-	cmd.Stdout = &out
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = pw
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	_ = pw.Close()
+	t.Cleanup(func() { _ = pr.Close() })
+	// The prober's lines (out is read once read is closed); the stops
+	// begin once it probes, not while it starts.
+	var (
+		out      bytes.Buffer
+		attempts = make(chan struct{}, 64) // one per attempt line
+		read     = make(chan struct{})
+	)
+	go func() {
+		defer close(read)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+			if strings.HasPrefix(sc.Text(), "attempt ") {
+				attempts <- struct{}{}
+			}
+		}
+	}()
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	// Stop it again and again, each time longer than both deadlines.
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for stops := 0; ; {
+	go func() { <-read; done <- cmd.Wait() }()
+	// Every third attempt done, the next is stopped 50 ms in (waiting for
+	// the answer, which comes 100 ms in) for 400 ms: longer than both
+	// deadlines.
+	for stops, n := 0, 0; ; {
 		select {
 		case err := <-done:
 			if err != nil {
@@ -160,8 +182,9 @@ func TestProbeOnceLateClient(t *testing.T) {
 			}
 			t.Logf("%d attempts answered, %d of them looked at late (%d stops of 400 ms)", n, late, stops)
 			return
-		case <-tick.C:
-			if stops < 6 {
+		case <-attempts:
+			if n++; n%3 == 0 && stops < 6 {
+				time.Sleep(50 * time.Millisecond)
 				_ = cmd.Process.Signal(syscall.SIGSTOP)
 				time.Sleep(400 * time.Millisecond)
 				_ = cmd.Process.Signal(syscall.SIGCONT)
