@@ -376,6 +376,22 @@ type dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 // podDialer returns a dialer from inside pod p's network namespace.
 func podDialer(t *testing.T, c *kubecluster.Cluster, p *corev1.Pod) dialer {
 	t.Helper()
+	do := podNS(t, c, p)
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := do(func() error {
+			var d net.Dialer
+			var err error
+			conn, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}
+}
+
+// podNS returns a function that runs f inside pod p's network namespace.
+func podNS(t *testing.T, c *kubecluster.Cluster, p *corev1.Pod) inNS {
+	t.Helper()
 	path, err := c.PodNetNS(p)
 	if err != nil {
 		t.Fatal(err)
@@ -385,16 +401,7 @@ func podDialer(t *testing.T, c *kubecluster.Cluster, p *corev1.Pod) dialer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pns.Close() })
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := pns.Do(func(ns.NetNS) error {
-			var d net.Dialer
-			var err error
-			conn, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
-	}
+	return func(f func() error) error { return pns.Do(func(ns.NetNS) error { return f() }) }
 }
 
 func podReady(p *corev1.Pod) bool {

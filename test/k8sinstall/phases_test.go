@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,26 +43,29 @@ type installed struct {
 // clientStats is what a Service client saw during a disruption.
 type clientStats struct {
 	established error         // the first failure of the long-lived connection
-	maxGap      time.Duration // the longest time without a new connection answering
+	maxGap      time.Duration // the longest outage of new connections (see serviceClient)
 	gapEnd      time.Time     // when it ended
 	ok, failed  int           // new connections
+	maxLate     time.Duration // the longest the client looked late at an attempt (not scheduled)
 	events      []connEvent   // every new connection's outcome
 }
 
 // connEvent is one new connection: the pod that answered, or the error.
 type connEvent struct {
-	at     time.Time
-	answer string
-	err    error
+	start, at time.Time // at: when the handshake completed (the kernel's word), or when the attempt failed
+	answer    string
+	err       error
 }
 
-// Timing of serviceClient's new connections: each gets newConnTimeout to
-// connect and answer (a lost SYN is retried by a new connection, not by
-// TCP's 1 s retransmission), then the next starts newConnPause later. A
-// stop of newConnTimeout+newConnPause or more is seen: well under the
-// 1 s allowed.
+// Timing of serviceClient's new connections: each gets newConnTimeout for
+// its handshake (a lost SYN is retried by a new connection, not by TCP's
+// 1 s retransmission) and answerTimeout for the echo app's answer (the
+// app runs in a BestEffort pod, which gets next to no CPU while a
+// Burstable agent of its node starts: up to a second seen, the app's
+// scheduling, not the path's), then the next starts newConnPause later.
 const (
 	newConnTimeout = 250 * time.Millisecond
+	answerTimeout  = 2 * time.Second
 	newConnPause   = 20 * time.Millisecond
 )
 
@@ -76,7 +80,7 @@ func failureKinds(events []connEvent) string {
 			n["empty answer"]++
 		case errors.Is(e.err, syscall.ECONNREFUSED):
 			n["refused"]++
-		case errors.Is(e.err, context.DeadlineExceeded) || os.IsTimeout(e.err):
+		case errors.Is(e.err, os.ErrDeadlineExceeded) || errors.Is(e.err, context.DeadlineExceeded) || os.IsTimeout(e.err):
 			n["timeout"]++
 		case errors.Is(e.err, syscall.ECONNRESET) || errors.Is(e.err, io.EOF):
 			n["reset"]++
@@ -95,10 +99,25 @@ func failureKinds(events []connEvent) string {
 }
 
 // serviceClient keeps one connection to addr (a line echoed every 50 ms)
-// and opens new ones back to back through dial, until stop is closed: an
-// answer ends a gap; a refusal, a reset or a timeout (newConnTimeout)
-// counts as failed and the gap goes on.
-func serviceClient(ctx context.Context, dial dialer, addr string, stop <-chan struct{}) (func() clientStats, error) {
+// and opens new ones back to back from the namespace do enters, until
+// stop is closed. Each new one is judged by the kernel (probeOnce), so
+// that a client the scheduler left waiting is not taken for a path that
+// lost its packets: it counts as answered when the kernel completed its
+// handshake within newConnTimeout of the connect (TCP_INFO: the SYN's
+// RTT, nothing retransmitted) and the answer arrived within
+// answerTimeout of the request (TCP_INFO: time since the last data),
+// however late the client got to look. An outage is what lies between
+// two answered connections with at least one failed between them: from
+// the first's answer (the last the path was seen to carry) to the
+// second's handshake (the first it was seen to carry again), an upper
+// bound of the time the path carried no new connection. Answered connections with none failed
+// between them make no outage, however far apart the client's
+// scheduling put them.
+func serviceClient(ctx context.Context, dial dialer, do inNS, addr string, stop <-chan struct{}) (func() clientStats, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -139,30 +158,35 @@ func serviceClient(ctx context.Context, dial dialer, addr string, stop <-chan st
 	}()
 	go func() {
 		defer wg.Done()
-		last := time.Now()
+		last, failed := time.Now(), false
 		for {
 			select {
 			case <-stop:
 				mu.Lock()
-				st.maxGap = max(st.maxGap, time.Since(last))
+				if failed {
+					st.maxGap = max(st.maxGap, time.Since(last))
+				}
 				mu.Unlock()
 				return
 			default:
 			}
-			cctx, cancel := context.WithTimeout(ctx, newConnTimeout)
-			got, err := ask(cctx, dial, addr, "hostname")
-			cancel()
-			now := time.Now()
+			a := probeOnce(do, ap, "hostname", newConnTimeout, answerTimeout)
 			mu.Lock()
-			st.events = append(st.events, connEvent{at: now, answer: got, err: err})
-			if err == nil && got != "" {
+			e := connEvent{start: a.start, at: a.connected, answer: a.answer, err: a.err}
+			if a.err != nil {
+				e.at = time.Now()
+			}
+			st.events = append(st.events, e)
+			st.maxLate = max(st.maxLate, a.late)
+			if a.err == nil && a.answer != "" {
 				st.ok++
-				if now.Sub(last) > st.maxGap {
-					st.maxGap, st.gapEnd = now.Sub(last), now
+				if failed && a.connected.Sub(last) > st.maxGap {
+					st.maxGap, st.gapEnd = a.connected.Sub(last), a.connected
 				}
-				last = now
+				last, failed = a.answered, false
 			} else {
 				st.failed++
+				failed = true
 			}
 			mu.Unlock()
 			select {
@@ -177,24 +201,6 @@ func serviceClient(ctx context.Context, dial dialer, addr string, stop <-chan st
 		defer mu.Unlock()
 		return st
 	}, nil
-}
-
-// ask sends one line to the echo app at addr through dial and returns the
-// line it answers.
-func ask(ctx context.Context, dial dialer, addr, line string) (string, error) {
-	conn, err := dial(ctx, "tcp", addr)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	if d, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(d)
-	}
-	if _, err := conn.Write([]byte(line + "\n")); err != nil {
-		return "", err
-	}
-	got, err := bufio.NewReader(conn).ReadString('\n')
-	return strings.TrimSpace(got), err
 }
 
 // podAddrs returns the IPv4 addresses on pod p's interfaces (lo aside).
@@ -249,7 +255,7 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 			startMonitor(t, ctx, n, "ip", "monitor", "link", "address", "route", "neigh"))
 	}
 	stop := make(chan struct{})
-	wait, err := serviceClient(ctx, podDialer(t, c, client), in.svc.Spec.ClusterIP+":80", stop)
+	wait, err := serviceClient(ctx, podDialer(t, c, client), podNS(t, c, client), in.svc.Spec.ClusterIP+":80", stop)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +263,7 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 	// the Service stops answering, these say which path did.
 	var direct []func() clientStats
 	for _, p := range in.pods {
-		w, err := serviceClient(ctx, podDialer(t, c, client), p.Status.PodIP+":8080", stop)
+		w, err := serviceClient(ctx, podDialer(t, c, client), podNS(t, c, client), p.Status.PodIP+":8080", stop)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -293,8 +299,13 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 		directSt = append(directSt, w())
 	}
 	countersAfter := in.counters(t, ctx, client)
-	t.Logf("FIGURES upgrade: rollout %v; new connections %d answered, %d failed (%s), longest gap %v; established: %v",
-		rolled.Round(10*time.Millisecond), st.ok, st.failed, failureKinds(st.events), st.maxGap.Round(time.Millisecond), st.established)
+	t.Logf("FIGURES upgrade: rollout %v; new connections %d answered, %d failed (%s), longest gap %v (client late by up to %v); established: %v",
+		rolled.Round(10*time.Millisecond), st.ok, st.failed, failureKinds(st.events), st.maxGap.Round(time.Millisecond),
+		st.maxLate.Round(time.Millisecond), st.established)
+	for i, ds := range directSt {
+		t.Logf("upgrade: straight to pod %s: longest gap %v, %d answered, %d failed (%s)", in.pods[i].Name,
+			ds.maxGap.Round(time.Millisecond), ds.ok, ds.failed, failureKinds(ds.events))
+	}
 	if st.established != nil {
 		t.Errorf("the established connection broke during the upgrade: %v", st.established)
 	}
@@ -313,6 +324,11 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 			}
 		}
 	}
+	// At most 1 s without a new connection (issue 22). An agent restart
+	// leaves the kernel as it is (the monitors above), so what remains is
+	// a packet lost here and there on a loaded machine: one failed
+	// attempt makes an outage of about newConnTimeout + 2 × newConnPause
+	// (0.29 s) plus the client's own lateness (its figure above).
 	if st.maxGap > time.Second {
 		// The timeline says where the gap fell, against the agents'
 		// restarts.
@@ -357,10 +373,7 @@ func (in *installed) upgrade(t *testing.T, ctx context.Context) {
 				}
 			}
 		}
-		// Not yet held (issue 22's goal: at most 1 s): every kernel
-		// object stays in place (asserted above), yet connections to the
-		// client's own pod time out around the first agent's restart.
-		t.Logf("GOAL MISSED: new connections stopped answering for %v during the upgrade (goal ≤ 1 s); around the gap (from the roll's start):\n%s",
+		t.Errorf("new connections failed for %v during the upgrade (at most 1 s allowed); around the gap (from the roll's start):\n%s",
 			st.maxGap.Round(time.Millisecond), b.String())
 	}
 	for _, p := range in.pods {

@@ -135,6 +135,14 @@ func TestPlugUnplug(t *testing.T) {
 		if l.Attrs().MasterIndex != br.Attrs().Index || l.Attrs().Flags&net.FlagUp == 0 {
 			t.Fatalf("host end not up on the bridge: %+v", l.Attrs())
 		}
+		// Hairpin from the fresh plug on (a pod that reaches its own
+		// VIP): no later replug turns it on.
+		if pi, err := host.dp.h.LinkGetProtinfo(l); err != nil || !pi.Hairpin {
+			t.Fatalf("host end's bridge port: hairpin %v, %v", pi.Hairpin, err)
+		}
+		if want := "kurma-agent:port:" + p1.ID; l.Attrs().Alias != want {
+			t.Fatalf("host end's alias %q, want %q", l.Attrs().Alias, want)
+		}
 		ports, err := host.dp.ListPorts(ctx)
 		if err != nil || len(ports) != 2 || ports[0].VNI != 42 {
 			t.Fatalf("ListPorts = %+v, %v", ports, err)

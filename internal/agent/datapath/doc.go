@@ -58,7 +58,9 @@
 // namespaces, loopbacks and pairs) contends for. A fresh plug sends 7
 // requests (TestPlugNetlinkRequests counts them): the pair made on its
 // bridge in one (the bridge's index kept from EnsureVPC) and the host
-// end's alias, on a socket of the plug's own, then the container end's
+// end's alias with its bridge port's hairpin mode in one more (the
+// creation cannot carry bridge port settings), on a socket of the plug's
+// own, then the container end's
 // lookup, alias, address, up and default route in the pod's namespace.
 //
 // Locking: a Datapath holds no mutable state besides its netlink handle

@@ -207,13 +207,22 @@ func (d *Datapath) createVeth(hs *nl.NetlinkSocket, p PortSpec, hostName string,
 	return request(hs, req)
 }
 
-// setAliasByName sets a host link's alias through hs, naming the link (no
-// index needed).
-func setAliasByName(hs *nl.NetlinkSocket, name, alias string) error {
-	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+// setAliasAndHairpin sets a host link's alias and turns hairpin mode on for
+// it as a bridge port, in one request through hs, naming the link (no
+// index needed). Hairpin: a pod whose connection to a load balancer's VIP
+// is DNATed back to itself gets the packet through the port it came
+// from; without it the bridge drops it. The creation request cannot
+// carry it (the kernel applies bridge port settings, IFLA_INFO_SLAVE_DATA,
+// only to a link that already has its master), so it rides on the
+// alias: RTM_NEWLINK on an existing link applies both.
+func setAliasAndHairpin(hs *nl.NetlinkSocket, name, alias string) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(alias)))
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_SLAVE_DATA, nil).AddRtAttr(nl.IFLA_BRPORT_MODE, []byte{1})
+	req.AddData(info)
 	return request(hs, req)
 }
 
@@ -246,7 +255,7 @@ func (d *Datapath) finishFresh(hs *nl.NetlinkSocket, ph *netlink.Handle, p PortS
 			d.rollbackLink(hostName)
 		}
 	}()
-	if err := setAliasByName(hs, hostName, alias); err != nil {
+	if err := setAliasAndHairpin(hs, hostName, alias); err != nil {
 		return fmt.Errorf("plug port %s: alias %s: %w", p.ID, hostName, err)
 	}
 	if err := configurePod(ph, p, alias, d.mtu, true); err != nil {
