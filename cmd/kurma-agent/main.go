@@ -74,6 +74,7 @@ func run() error {
 		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
 		pprofOn       = flag.Bool("pprof", false, "also serve Go's /debug/pprof/ on --metrics-listen (profiles reveal internals: keep the listener local)")
 
+		closeWait     = flag.Duration("conntrack-tcp-timeout-close-wait", 0, "conntrack's timeout for TCP connections in CLOSE_WAIT in the host namespace (default: 1h with --k8s-node-name, as kube-proxy sets it; 0 leaves the kernel's)")
 		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
 		k8sKubeconfig = flag.String("k8s-kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
 		k8sSocket     = flag.String("k8s-cni-socket", cniwire.DefaultSocket, "Kubernetes mode: unix socket the kurma-k8s shim dials")
@@ -146,6 +147,13 @@ func run() error {
 	if *k8sNode != "" && !flagGiven("egress") {
 		*egress = true // pods of a cluster reach the world through their node
 	}
+	if *k8sNode != "" && !flagGiven("conntrack-tcp-timeout-close-wait") {
+		// As kube-proxy, whose part the agent takes: the kernel's 60 s
+		// drops the NAT of a half-closed connection whose peer still
+		// sends (the upstream spec "KubeProxy should set TCP CLOSE_WAIT
+		// timeout").
+		*closeWait = time.Hour
+	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
 		if err != nil {
@@ -173,6 +181,7 @@ func run() error {
 	dp, err := datapath.New(ctx, datapath.Config{
 		Prefix: *prefix, UnderlayIP: ip, UnderlayDev: *underlayDev, MTU: *mtu,
 		NFTTable: *nftTable, Forwarding: *forwarding, AcceptMark: nfthost.AcceptMark, Logger: log,
+		ConntrackCloseWait: *closeWait,
 	})
 	if err != nil {
 		return err

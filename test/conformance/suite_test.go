@@ -110,7 +110,7 @@ func clusterOptions(nodes int) kubecluster.Options {
 	return kubecluster.Options{Nodes: nodes, ControllerManager: true, Scheduler: true, PublicAPIServer: true, KubeletAPI: true,
 		ClusterDNS: kubecluster.ClusterDNSIP,
 		Images: []string{filepath.Join(bin, "images", "conformance-agnhost.tar"),
-			filepath.Join(bin, "images", "conformance-coredns.tar")}}
+			filepath.Join(bin, "images", "conformance-coredns.tar"), filepath.Join(bin, "images", "conformance-r74839.tar")}}
 }
 
 // requireBuild skips unless `make e2e conformance-images` ran.
@@ -118,7 +118,7 @@ func requireBuild(t *testing.T) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	bin := kubecluster.BinDir()
-	for _, f := range []string{"e2e/e2e.test", "e2e/ginkgo", "images/conformance-agnhost.tar", "images/conformance-coredns.tar"} {
+	for _, f := range []string{"e2e/e2e.test", "e2e/ginkgo", "images/conformance-agnhost.tar", "images/conformance-coredns.tar", "images/conformance-r74839.tar"} {
 		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
 			t.Skipf("%s missing: make e2e conformance-images", f)
 		}
