@@ -75,6 +75,8 @@ func run() error {
 		pprofOn       = flag.Bool("pprof", false, "also serve Go's /debug/pprof/ on --metrics-listen (profiles reveal internals: keep the listener local)")
 
 		closeWait     = flag.Duration("conntrack-tcp-timeout-close-wait", 0, "conntrack's timeout for TCP connections in CLOSE_WAIT in the host namespace (default: 1h with --k8s-node-name, as kube-proxy sets it; 0 leaves the kernel's)")
+		proxyHealthz  = flag.String("proxy-healthz-listen", "", "address answering as kube-proxy's health port, GET /healthz and /livez (default: 0.0.0.0:10256 with --k8s-node-name; \"none\": not served)")
+		proxyStatus   = flag.String("proxy-status-listen", "", "address answering as kube-proxy's status port, GET /proxyMode (default: 127.0.0.1:10249 with --k8s-node-name; \"none\": not served)")
 		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
 		k8sKubeconfig = flag.String("k8s-kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
 		k8sSocket     = flag.String("k8s-cni-socket", cniwire.DefaultSocket, "Kubernetes mode: unix socket the kurma-k8s shim dials")
@@ -267,6 +269,7 @@ func run() error {
 	d.Restore() // before the agent's first sync, so that attached pods stay plugged
 	runs = append(runs, d.Run)
 	serveMetrics(ctx, *metricsAddr, reg, agentReady(a, d), *pprofOn, log)
+	serveProxyCompat(ctx, listenOr(*proxyHealthz, "0.0.0.0:10256"), listenOr(*proxyStatus, "127.0.0.1:10249"), agentReady(a, d), log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(runs))
@@ -327,4 +330,15 @@ func lockStateDir(dir string) (func(), error) {
 	_ = f.Truncate(0)
 	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
 	return func() { _ = f.Close() }, nil
+}
+
+// listenOr is a listen flag's address: def when unset, none for "none".
+func listenOr(flagVal, def string) string {
+	switch flagVal {
+	case "":
+		return def
+	case "none":
+		return ""
+	}
+	return flagVal
 }

@@ -155,7 +155,7 @@ func startKurma(t *testing.T, ctx context.Context, wait time.Duration, nodes int
 	e := kubetest.StartWithin(t, wait, opts)
 	e.StartWatcher("--service-cidr", kubecluster.ServiceCIDR)
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
-		"--node-ip", kubecluster.NodeIP)
+		"--node-ip", kubecluster.NodeIP, "--proxy-healthz-listen", "0.0.0.0:10256", "--proxy-status-listen", "127.0.0.1:10249")
 	for _, n := range e.C.Nodes[1:] {
 		e.StartAgentOn(n, sock, "--service-cidr", kubecluster.ServiceCIDR, "--node-ip", n.IP)
 	}

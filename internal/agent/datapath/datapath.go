@@ -122,7 +122,7 @@ type Config struct {
 	// net.netfilter.nf_conntrack_tcp_timeout_close_wait in the host
 	// namespace, as kube-proxy's --conntrack-tcp-timeout-close-wait.
 	ConntrackCloseWait time.Duration
-	Logger     *slog.Logger
+	Logger             *slog.Logger
 }
 
 // Datapath is the netlink implementation of Interface.
