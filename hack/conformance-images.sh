@@ -9,8 +9,14 @@
 #     busybox shell's built-ins would shadow the real nc and nslookup. One
 #     image under every name the sig-network specs ask for
 #     (test/utils/image/manifest.go at v1.37.1).
+#     It is also distroless-iptables, which the spec "KubeProxy should set
+#     TCP CLOSE_WAIT timeout" runs as a host-network pod to read
+#     /proc/net/nf_conntrack (cat, grep, sleep).
 #   conformance-coredns.tar  the trimmed CoreDNS of hack/coredns (also
 #     /coredns in the agnhost image, as upstream's agnhost has it).
+#   conformance-r74839.tar  regression-issue-74839 (the server of the spec
+#     "proxy implementation should not be vulnerable to the invalid
+#     conntrack state bug"), built from its source in the e2e module.
 # The Debian packages are cached under $CACHE_ROOT keyed by their versions.
 set -euo pipefail
 BIN=${1:?bin dir}
@@ -23,8 +29,9 @@ AGNHOST_NAMES="registry.k8s.io/e2e-test-images/agnhost:2.66.1 registry.k8s.io/e2
 registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1 registry.k8s.io/e2e-test-images/busybox:1.37.0-2
 registry.k8s.io/e2e-test-images/nginx:1.27.0-2 registry.k8s.io/e2e-test-images/nginx:1.28.0-2
 registry.k8s.io/e2e-test-images/httpd:2.4.38-4 registry.k8s.io/e2e-test-images/httpd:2.4.39-4
-registry.k8s.io/pause:3.10.2"
+registry.k8s.io/pause:3.10.2 registry.k8s.io/build-image/distroless-iptables:v0.9.7"
 COREDNS_NAME=kurma.dev/conformance-coredns:v1.15.0
+R74839_NAME=registry.k8s.io/e2e-test-images/regression-issue-74839:1.5
 
 
 # The dependency closure of $PKGS, at the versions apt would fetch now.
@@ -74,4 +81,8 @@ root=$stage/coredns
 mkdir -p "$root/etc"
 cp "$BIN/coredns/coredns" "$root/coredns"
 "$BIN/mkimage" -o "$BIN/images/conformance-coredns.tar" -root "$root" -tag "$COREDNS_NAME" -entrypoint /coredns
-echo "built $BIN/images/conformance-agnhost.tar and conformance-coredns.tar"
+root=$stage/r74839
+mkdir -p "$root"
+( cd hack/e2e && CGO_ENABLED=0 go build -trimpath -o "$root/regression-issue-74839" k8s.io/kubernetes/test/images/regression-issue-74839 )
+"$BIN/mkimage" -o "$BIN/images/conformance-r74839.tar" -root "$root" -tag "$R74839_NAME" -entrypoint /regression-issue-74839
+echo "built $BIN/images/conformance-agnhost.tar, conformance-coredns.tar and conformance-r74839.tar"

@@ -74,6 +74,9 @@ func run() error {
 		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
 		pprofOn       = flag.Bool("pprof", false, "also serve Go's /debug/pprof/ on --metrics-listen (profiles reveal internals: keep the listener local)")
 
+		closeWait     = flag.Duration("conntrack-tcp-timeout-close-wait", 0, "conntrack's timeout for TCP connections in CLOSE_WAIT in the host namespace (default: 1h with --k8s-node-name, as kube-proxy sets it; 0 leaves the kernel's)")
+		proxyHealthz  = flag.String("proxy-healthz-listen", "", "address answering as kube-proxy's health port, GET /healthz and /livez (default: 0.0.0.0:10256 with --k8s-node-name; \"none\": not served)")
+		proxyStatus   = flag.String("proxy-status-listen", "", "address answering as kube-proxy's status port, GET /proxyMode (default: 127.0.0.1:10249 with --k8s-node-name; \"none\": not served)")
 		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
 		k8sKubeconfig = flag.String("k8s-kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
 		k8sSocket     = flag.String("k8s-cni-socket", cniwire.DefaultSocket, "Kubernetes mode: unix socket the kurma-k8s shim dials")
@@ -146,6 +149,13 @@ func run() error {
 	if *k8sNode != "" && !flagGiven("egress") {
 		*egress = true // pods of a cluster reach the world through their node
 	}
+	if *k8sNode != "" && !flagGiven("conntrack-tcp-timeout-close-wait") {
+		// As kube-proxy, whose part the agent takes: the kernel's 60 s
+		// drops the NAT of a half-closed connection whose peer still
+		// sends (the upstream spec "KubeProxy should set TCP CLOSE_WAIT
+		// timeout").
+		*closeWait = time.Hour
+	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
 		if err != nil {
@@ -173,6 +183,7 @@ func run() error {
 	dp, err := datapath.New(ctx, datapath.Config{
 		Prefix: *prefix, UnderlayIP: ip, UnderlayDev: *underlayDev, MTU: *mtu,
 		NFTTable: *nftTable, Forwarding: *forwarding, AcceptMark: nfthost.AcceptMark, Logger: log,
+		ConntrackCloseWait: *closeWait,
 	})
 	if err != nil {
 		return err
@@ -258,6 +269,7 @@ func run() error {
 	d.Restore() // before the agent's first sync, so that attached pods stay plugged
 	runs = append(runs, d.Run)
 	serveMetrics(ctx, *metricsAddr, reg, agentReady(a, d), *pprofOn, log)
+	serveProxyCompat(ctx, listenOr(*proxyHealthz, "0.0.0.0:10256"), listenOr(*proxyStatus, "127.0.0.1:10249"), agentReady(a, d), log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(runs))
@@ -318,4 +330,15 @@ func lockStateDir(dir string) (func(), error) {
 	_ = f.Truncate(0)
 	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
 	return func() { _ = f.Close() }, nil
+}
+
+// listenOr is a listen flag's address: def when unset, none for "none".
+func listenOr(flagVal, def string) string {
+	switch flagVal {
+	case "":
+		return def
+	case "none":
+		return ""
+	}
+	return flagVal
 }

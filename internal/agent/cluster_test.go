@@ -45,6 +45,7 @@ type cluster struct {
 	nftTable  string
 	ctlBin    string
 	storeSpec string                  // --store of every replica
+	agentArgs []string                // more flags for every agent started
 	ctls      []*proc                 // replica i listens on ctlIP:9696+i
 	clients   []*controllerapi.Client // one per replica
 	ctl       *proc                   // ctls[0]
@@ -278,6 +279,7 @@ func (c *cluster) startAgent(h *host) {
 	if h.ext != "" {
 		args = append(args, "--external-interface", h.ext)
 	}
+	args = append(args, c.agentArgs...)
 	h.proc = startProc(c.t, h.log, "ip", args...)
 }
 

@@ -506,3 +506,57 @@ func TestLBAgentKill9Churn(t *testing.T) {
 	testutil.Run(t, "ip", "netns", "exec", nettest.Name(h.ns), "nft", "delete", "table", "inet", h.nftTable)
 	until(t, 20*time.Second, "agent rebuilds a deleted table", converged)
 }
+
+// TestNodePortFromHost: a host reaches a node port on its own node
+// address, and on the other host's, and both members answer, the one on
+// the other host included (the upstream spec "Networking Granular Checks:
+// Services should function for node-Service").
+func TestNodePortFromHost(t *testing.T) {
+	ctx := t.Context()
+	c := newCluster(t, 2)
+	// As in Kubernetes mode: pods (and the replies of the host's
+	// connections to them) leave their VPC through the host.
+	c.agentArgs = []string{"--egress"}
+	for _, h := range c.hosts {
+		h.proc.stop()
+		c.startAgent(h)
+	}
+	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "np"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := proj.ID
+	sn := c.network(ctx, pid, "net", "10.20.0.0/24")
+	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/24")
+	m1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
+	m2 := c.newPod(ctx, t, pid, sn.ID, c.hosts[1])
+	p1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
+	p2 := c.newPod(ctx, t, pid, sn.ID, c.hosts[1])
+	pods := []pod{m1, m2, p1, p2}
+	c.waitUp(ctx, t, pid, pods...)
+	m1, m2, p1, p2 = pods[0], pods[1], pods[2], pods[3]
+	serveWho(t, m1.ns, m1.ip()+":8080", "m1")
+	serveWho(t, m2.ns, m2.ip()+":8080", "m2")
+	if _, err := c.c.CreateLoadBalancer(ctx, pid, controllerapi.LoadBalancer{Name: "np", VIPSubnetID: svc.ID,
+		Listeners: []controllerapi.Listener{{Protocol: "TCP", Port: 80, TargetPort: 8080, NodePort: 30080},
+			{Protocol: "UDP", Port: 53, TargetPort: 8080, NodePort: 30080}},
+		Members: []controllerapi.Member{{Address: m1.ip()}, {Address: m2.ip()}}}); err != nil {
+		t.Fatal(err)
+	}
+	clients := map[string]string{"host " + c.hosts[0].id: c.hosts[0].ns, "host " + c.hosts[1].id: c.hosts[1].ns,
+		"pod on " + c.hosts[0].id: p1.ns, "pod on " + c.hosts[1].id: p2.ns}
+	for name, from := range clients {
+		for _, to := range c.hosts {
+			for _, network := range []string{"tcp", "udp"} {
+				addr := to.ip + ":30080"
+				until(t, 10*time.Second, network+" from "+name+" to "+addr, func() error {
+					seen, err := spread(from, network, addr, 30)
+					if err != nil || seen["m1"] == 0 || seen["m2"] == 0 {
+						return fmt.Errorf("seen %v, err %v", seen, err)
+					}
+					return nil
+				})
+			}
+		}
+	}
+}

@@ -19,7 +19,8 @@ var forwardingSysctls = []string{
 	"net/ipv4/conf/all/forwarding",
 	"net/ipv6/conf/all/forwarding",
 	"net/ipv6/conf/default/forwarding",
-	"net/bridge/bridge-nf-call-iptables", // the agent's NetworkPolicy path
+	"net/bridge/bridge-nf-call-iptables",                // the agent's NetworkPolicy path
+	"net/netfilter/nf_conntrack_tcp_timeout_close_wait", // the agent in Kubernetes mode
 }
 
 // peerTables are nft tables that test peers make in the host netns and

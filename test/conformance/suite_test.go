@@ -110,7 +110,7 @@ func clusterOptions(nodes int) kubecluster.Options {
 	return kubecluster.Options{Nodes: nodes, ControllerManager: true, Scheduler: true, PublicAPIServer: true, KubeletAPI: true,
 		ClusterDNS: kubecluster.ClusterDNSIP,
 		Images: []string{filepath.Join(bin, "images", "conformance-agnhost.tar"),
-			filepath.Join(bin, "images", "conformance-coredns.tar")}}
+			filepath.Join(bin, "images", "conformance-coredns.tar"), filepath.Join(bin, "images", "conformance-r74839.tar")}}
 }
 
 // requireBuild skips unless `make e2e conformance-images` ran.
@@ -118,7 +118,7 @@ func requireBuild(t *testing.T) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	bin := kubecluster.BinDir()
-	for _, f := range []string{"e2e/e2e.test", "e2e/ginkgo", "images/conformance-agnhost.tar", "images/conformance-coredns.tar"} {
+	for _, f := range []string{"e2e/e2e.test", "e2e/ginkgo", "images/conformance-agnhost.tar", "images/conformance-coredns.tar", "images/conformance-r74839.tar"} {
 		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
 			t.Skipf("%s missing: make e2e conformance-images", f)
 		}
@@ -155,7 +155,7 @@ func startKurma(t *testing.T, ctx context.Context, wait time.Duration, nodes int
 	e := kubetest.StartWithin(t, wait, opts)
 	e.StartWatcher("--service-cidr", kubecluster.ServiceCIDR)
 	e.StartAgentAt(e.C.NodeName, kubecluster.NodeIP, sock, "--service-cidr", kubecluster.ServiceCIDR,
-		"--node-ip", kubecluster.NodeIP)
+		"--node-ip", kubecluster.NodeIP, "--proxy-healthz-listen", "0.0.0.0:10256", "--proxy-status-listen", "127.0.0.1:10249")
 	for _, n := range e.C.Nodes[1:] {
 		e.StartAgentOn(n, sock, "--service-cidr", kubecluster.ServiceCIDR, "--node-ip", n.IP)
 	}
@@ -290,7 +290,11 @@ func runSuite(t *testing.T, peer string, set Set, label string) Run {
 	}
 	args = append(args, filepath.Join(bin, "e2e", "e2e.test"), "--",
 		"--kubeconfig="+c.Kubeconfig, "--provider=local", "--kubectl-path="+filepath.Join(bin, "k8s", "kubectl"),
-		"--report-dir="+dir, "--disable-log-dump=true", "--dns-domain=cluster.local")
+		"--report-dir="+dir, "--disable-log-dump=true", "--dns-domain=cluster.local",
+		// The suite counts the nodes only in its first process; the specs
+		// that the other processes run would see -1 and skip themselves
+		// ("Requires at least 2 nodes (not -1)"), differently per run.
+		"--num-nodes="+strconv.Itoa(len(c.Nodes)))
 	log, err := os.Create(filepath.Join(dir, "ginkgo.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +311,39 @@ func runSuite(t *testing.T, peer string, set Set, label string) Run {
 	}
 	t.Logf("%s: %d passed, %d failed, %d skipped in %s (ginkgo: %v; log %s)", peer, run.Count("passed"),
 		run.Count("failed"), run.Count("skipped"), run.Wall.Round(time.Second), runErr, log.Name())
+	if run.Count("failed") > 0 {
+		// The cluster's folder goes with it: keep its components' logs
+		// (agents, watcher, controller, kubelets, kube-proxy) beside the
+		// report, to read a failure after the run.
+		if err := copyLogs(filepath.Join(c.Dir, "logs"), filepath.Join(dir, "cluster-logs")); err != nil {
+			t.Logf("%s: keep the cluster's logs: %v", peer, err)
+		}
+	}
 	return run
+}
+
+// copyLogs copies the regular files of folder from into folder to.
+func copyLogs(from, to string) error {
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type junitSuites struct {

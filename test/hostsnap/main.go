@@ -43,7 +43,8 @@ var sysctls = []string{
 	"net/ipv6/conf/all/forwarding",
 	"net/ipv6/conf/default/forwarding",
 	"net/ipv4/conf/all/route_localnet",
-	"net/bridge/bridge-nf-call-iptables", // NetworkPolicy (policypath) turns it on
+	"net/bridge/bridge-nf-call-iptables",                // NetworkPolicy (policypath) turns it on
+	"net/netfilter/nf_conntrack_tcp_timeout_close_wait", // the agent in Kubernetes mode, as kube-proxy
 }
 
 // stateDirs are folders whose entries are compared.

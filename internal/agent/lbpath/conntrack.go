@@ -12,7 +12,8 @@ import (
 // reached a frontend before it had members keep a flow that was never
 // NATed. As kube-proxy does, commit deletes those flows once its
 // transaction is in: the flows to a frontend whose members lost an
-// address (from that address), and every flow to a frontend that gets
+// address and port (from that address and port: a member whose target
+// port changed counts as gone), and every flow to a frontend that gets
 // its first members.
 
 // staleFlow selects conntrack flows of UDP to frontend dst (any node
@@ -21,7 +22,7 @@ import (
 type staleFlow struct {
 	dst    netip.Addr
 	dport  uint16
-	member netip.Addr
+	member netip.AddrPort
 }
 
 // staleFlows matches the flows of any of its entries; it implements
@@ -43,7 +44,8 @@ func (s *staleFlows) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 		return false
 	}
 	for _, st := range s.flows {
-		if st.dport != f.Forward.DstPort || st.member.IsValid() && st.member != src {
+		if st.dport != f.Forward.DstPort ||
+			st.member.IsValid() && (st.member.Addr() != src || st.member.Port() != f.Reverse.SrcPort) {
 			continue
 		}
 		if st.dst == dst || !st.dst.IsValid() && containsAddr(s.nodeAddrs, dst) {
@@ -109,17 +111,17 @@ func (p *Path) staleUDP() []staleFlow {
 				continue
 			}
 			seen[front] = true
-			had, has := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+			had, has := map[netip.AddrPort]bool{}, map[netip.AddrPort]bool{}
 			for i := uint32(0); ; i++ {
 				s, ok := p.els[elem{e.set, front + string(putMark(nil, i))}]
 				if !ok {
 					break
 				}
-				if s.in && len(s.have) >= 4 {
-					had[netip.AddrFrom4([4]byte([]byte(s.have[:4])))] = true
+				if m, ok := memberOf(s.have); s.in && ok {
+					had[m] = true
 				}
-				if s.refs > 0 && len(s.want) >= 4 {
-					has[netip.AddrFrom4([4]byte([]byte(s.want[:4])))] = true
+				if m, ok := memberOf(s.want); s.refs > 0 && ok {
+					has[m] = true
 				}
 			}
 			for m := range had {
@@ -130,6 +132,15 @@ func (p *Path) staleUDP() []staleFlow {
 		}
 	}
 	return out
+}
+
+// memberOf decodes a backend element's value (address . port, as
+// putPort(putAddr(...)) writes it).
+func memberOf(val string) (netip.AddrPort, bool) {
+	if len(val) < 6 {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte([]byte(val[:4]))), uint16(val[4])<<8|uint16(val[5])), true
 }
 
 // classCount is the member count of a class element's value.

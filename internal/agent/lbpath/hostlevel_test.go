@@ -209,11 +209,15 @@ func (u *udpConn) ask() string {
 // the members: when its member goes, its next datagram reaches another
 // (conntrack would keep sending it to the gone one); and datagrams that
 // crossed the host before the frontend had members do not keep it from
-// the members afterwards.
+// the members afterwards; a member whose target port changes counts as
+// gone (the upstream spec "cleanup conntrack entries when UDP service
+// target port changes").
 func TestStaleUDPFlows(t *testing.T) {
 	tp := newTopo(t)
 	client := tp.pod(t, "client", "10.0.0.10")
-	serveUDP(t, tp.pod(t, "m1", "10.0.0.11"), "10.0.0.11:5353", "m1")
+	m1 := tp.pod(t, "m1", "10.0.0.11")
+	serveUDP(t, m1, "10.0.0.11:5353", "m1")
+	serveUDP(t, m1, "10.0.0.11:9090", "m1-9090")
 	serveUDP(t, tp.pod(t, "m2", "10.0.0.12"), "10.0.0.12:5353", "m2")
 	// Without a load balancer, the VIP is routed to the outside, which
 	// answers: a plain, not NATed flow.
@@ -249,6 +253,15 @@ func TestStaleUDPFlows(t *testing.T) {
 		if got := u.ask(); got != "m1" {
 			t.Fatalf("a member added: the flow moved to %q, want it kept on m1", got)
 		}
+	}
+	// The target port changes (same addresses): the flow to m1:5353 goes.
+	moved := webLB("10.0.0.11")
+	moved.Listeners[1].TargetPort = 9090
+	if err := p.Apply(t.Context(), Changes{LBs: []LB{moved}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := u.ask(); got != "m1-9090" {
+		t.Fatalf("after the target port changed to 9090: %q, want m1-9090", got)
 	}
 	if err := p.Apply(t.Context(), Changes{DeleteLBs: []string{"lb1"}}); err != nil {
 		t.Fatal(err)

@@ -243,7 +243,10 @@ func (e *Env) StartAgentAt(node, underlayIP, socket string, extra ...string) *Ag
 		Prefix: "kt" + strconv.Itoa(e.n%100), NFT: "kurma-kubetest-" + strconv.Itoa(e.n), Node: node}
 	a.args = append([]string{"--controller", e.CtlURL, "--token-file", e.TokenFile(), "--host-id", node,
 		"--underlay-ip", underlayIP, "--state-dir", a.StateDir, "--link-prefix", a.Prefix, "--nft-table", a.NFT,
-		"--k8s-node-name", node, "--k8s-kubeconfig", e.C.Kubeconfig, "--k8s-cni-socket", a.Socket, "-v"}, extra...)
+		"--k8s-node-name", node, "--k8s-kubeconfig", e.C.Kubeconfig, "--k8s-cni-socket", a.Socket, "-v",
+		// Agents in the test's own namespace share its ports: kube-proxy's
+		// well-known ones only when extra asks.
+		"--proxy-healthz-listen", "none", "--proxy-status-listen", "none"}, extra...)
 	a.Proc = e.StartProc("agent-"+node, e.Bin("kurma-agent"), a.args...)
 	e.Eventually(30*time.Second, "agent socket", func() error {
 		_, err := os.Stat(a.Socket)

@@ -60,7 +60,7 @@ const (
 // invalid address when it has none (headless, ExternalName, another
 // family, outside the range) or is not ours to serve (LabelServiceProxyName,
 // LabelHeadless).
-func clusterIP(svc *corev1.Service, svcCIDR netip.Prefix) netip.Addr {
+func clusterIP(svc *corev1.Service, svcCIDR addrRange) netip.Addr {
 	if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return netip.Addr{}
 	}
@@ -128,7 +128,7 @@ type hostOf func(node string) string
 // members outside it (node addresses of the API servers and of
 // hostNetwork pods) are marked external. hosts maps an endpoint's node
 // to its host id (nil: the node name).
-func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR, vpc netip.Prefix, hosts hostOf) *wanted {
+func desired(svc *corev1.Service, sls []*discoveryv1.EndpointSlice, svcCIDR addrRange, vpc netip.Prefix, hosts hostOf) *wanted {
 	vip := clusterIP(svc, svcCIDR)
 	if !vip.IsValid() {
 		return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
@@ -27,6 +29,7 @@ import (
 // records every call that changes them.
 type fakeLBController struct {
 	mu    sync.Mutex
+	sns   map[string]capi.Subnet
 	lbs   map[string]capi.LoadBalancer
 	fips  map[string]capi.FloatingIP
 	taken map[string]bool // floating addresses held by others
@@ -35,7 +38,9 @@ type fakeLBController struct {
 }
 
 func newFakeLBController() *fakeLBController {
-	return &fakeLBController{lbs: map[string]capi.LoadBalancer{}, fips: map[string]capi.FloatingIP{}, taken: map[string]bool{}}
+	return &fakeLBController{lbs: map[string]capi.LoadBalancer{}, fips: map[string]capi.FloatingIP{}, taken: map[string]bool{},
+		sns: map[string]capi.Subnet{"k8s-services": {ID: "k8s-services", NetworkID: "k8s-pods", CIDR: "10.96.0.0/15",
+			Purpose: capi.SubnetPurposeService}}}
 }
 
 func (f *fakeLBController) record(verb, id string) { f.calls = append(f.calls, verb+" "+id) }
@@ -51,11 +56,53 @@ func (f *fakeLBController) takeCalls() []string {
 func (f *fakeLBController) GetVPC(context.Context, string, string) (*capi.VPC, error) {
 	return &capi.VPC{ID: "k8s-pods", CIDR: testVPC.String()}, nil
 }
-func (f *fakeLBController) GetSubnet(context.Context, string, string) (*capi.Subnet, error) {
-	return &capi.Subnet{ID: "k8s-services", NetworkID: "k8s-pods", CIDR: "10.96.0.0/15"}, nil
+func (f *fakeLBController) GetSubnet(_ context.Context, _, id string) (*capi.Subnet, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sn, ok := f.sns[id]
+	if !ok {
+		return nil, kerrors.New(kerrors.NotFound, "subnet %s", id)
+	}
+	return &sn, nil
 }
 func (f *fakeLBController) CreateSubnet(_ context.Context, _ string, s capi.Subnet) (*capi.Subnet, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.sns[s.ID]; ok {
+		return nil, kerrors.New(kerrors.Conflict, "subnet %s already exists", s.ID)
+	}
+	f.sns[s.ID] = s
+	f.record("create-subnet", s.ID+" "+s.CIDR)
 	return &s, nil
+}
+func (f *fakeLBController) ListSubnets(_ context.Context, _, vpc string) ([]capi.Subnet, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []capi.Subnet
+	for _, sn := range f.sns {
+		if sn.NetworkID == vpc {
+			out = append(out, sn)
+		}
+	}
+	return out, nil
+}
+
+// DeleteSubnet refuses a subnet that holds a load balancer's VIP, as the
+// controller does.
+func (f *fakeLBController) DeleteSubnet(_ context.Context, _, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.sns[id]; !ok {
+		return kerrors.New(kerrors.NotFound, "subnet %s", id)
+	}
+	for _, lb := range f.lbs {
+		if lb.VIPSubnetID == id {
+			return kerrors.New(kerrors.Conflict, "subnet %s holds load balancer %s", id, lb.ID)
+		}
+	}
+	delete(f.sns, id)
+	f.record("delete-subnet", id)
+	return nil
 }
 func (f *fakeLBController) EachLoadBalancer(_ context.Context, _ string, fn func(*capi.LoadBalancer) error) error {
 	f.mu.Lock()
@@ -85,6 +132,11 @@ func (f *fakeLBController) CreateLoadBalancer(_ context.Context, _ string, lb ca
 	defer f.mu.Unlock()
 	if _, ok := f.lbs[lb.ID]; ok {
 		return nil, kerrors.New(kerrors.Conflict, "load balancer %s already exists", lb.ID)
+	}
+	// As the controller: the VIP lies in its subnet.
+	sn, ok := f.sns[lb.VIPSubnetID]
+	if vip, err := netip.ParseAddr(lb.VIPAddress); !ok || err != nil || !netip.MustParsePrefix(sn.CIDR).Contains(vip) {
+		return nil, kerrors.New(kerrors.Invalid, "vip %s not in subnet %q", lb.VIPAddress, lb.VIPSubnetID)
 	}
 	f.lbs[lb.ID] = lb
 	f.record("create-lb", lb.ID)
@@ -483,5 +535,75 @@ func TestResyncCollects(t *testing.T) {
 	// The caches were refilled from the listing: the next sync writes nothing.
 	if calls, actions := e.sync(); len(calls) != 0 || len(actions) != 0 {
 		t.Fatalf("sync after resync: %q, %q", calls, actions)
+	}
+}
+
+// TestServiceCIDR: a clusterIP from a ServiceCIDR added to the cluster
+// (outside the configured range) is served once its range has a service
+// subnet, with its load balancer's VIP in that subnet; the resync keeps
+// that load balancer; the subnet goes with the ServiceCIDR, and an orphan
+// subnet (its ServiceCIDR deleted while no watcher ran) goes at resync.
+func TestServiceCIDR(t *testing.T) {
+	e := newSyncEnv(t, true)
+	ctx := t.Context()
+	svc := svcOf("203.0.113.10", sp("http", corev1.ProtocolTCP, 80, intstr.FromInt32(8080)))
+	e.putService(svc)
+	e.putSlice(slice("web-1", discoveryv1.AddressTypeIPv4, map[string]int32{"http": 8080}, ep{addr: "10.32.0.5"}))
+	if calls, _ := e.sync(); len(calls) != 0 {
+		t.Fatalf("clusterIP outside every known range: calls %v, want none", calls)
+	}
+	sc := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"203.0.113.0/24"}}}
+	// The default ServiceCIDR mirrors the configured range: no subnet.
+	def := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{testSvcCIDR.String()}}}
+	for _, o := range []*networkingv1.ServiceCIDR{sc, def} {
+		if err := e.r.cidrInf.GetStore().Add(o); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.r.syncCIDR(ctx, o.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := e.fc.takeCalls(), []string{"create-subnet k8s-servicecidr-extra 203.0.112.0/23"}; !slices.Equal(got, want) {
+		t.Fatalf("ServiceCIDRs added: calls %v, want %v", got, want)
+	}
+	if calls, _ := e.sync(); !slices.Equal(calls, []string{"create-lb " + LBID("u1")}) {
+		t.Fatalf("after the range was served: calls %v, want the load balancer", calls)
+	}
+	if sn := e.fc.lbs[LBID("u1")].VIPSubnetID; sn != "k8s-servicecidr-extra" {
+		t.Fatalf("load balancer in subnet %q, want k8s-servicecidr-extra", sn)
+	}
+	if err := e.r.resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if calls := e.fc.takeCalls(); len(calls) != 0 {
+		t.Fatalf("resync: calls %v, want none (the load balancer is wanted)", calls)
+	}
+	// The Service goes, then the ServiceCIDR (the API server's order).
+	e.deleteService(svc)
+	if calls, _ := e.sync(); !slices.Equal(calls, []string{"delete-lb " + LBID("u1")}) {
+		t.Fatalf("Service deleted: calls %v", calls)
+	}
+	if err := e.r.cidrInf.GetStore().Delete(sc); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.r.syncCIDR(ctx, "extra"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := e.fc.takeCalls(), []string{"delete-subnet k8s-servicecidr-extra"}; !slices.Equal(got, want) {
+		t.Fatalf("ServiceCIDR deleted: calls %v, want %v", got, want)
+	}
+	if e.r.ranges().Contains(netip.MustParseAddr("203.0.113.10")) {
+		t.Fatal("the deleted ServiceCIDR's range is still served")
+	}
+	// An orphan: its ServiceCIDR went while no watcher ran.
+	e.fc.sns["k8s-servicecidr-gone"] = capi.Subnet{ID: "k8s-servicecidr-gone", NetworkID: "k8s-pods",
+		CIDR: "198.51.100.0/24", Purpose: capi.SubnetPurposeService}
+	if err := e.r.resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := e.fc.takeCalls(), []string{"delete-subnet k8s-servicecidr-gone"}; !slices.Equal(got, want) {
+		t.Fatalf("resync with an orphan subnet: calls %v, want %v", got, want)
 	}
 }

@@ -6,15 +6,19 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
+	networkinginformers "k8s.io/client-go/informers/networking/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -36,6 +40,8 @@ type Controller interface {
 	GetVPC(ctx context.Context, projectID, id string) (*controllerapi.VPC, error)
 	GetSubnet(ctx context.Context, projectID, id string) (*controllerapi.Subnet, error)
 	CreateSubnet(ctx context.Context, projectID string, s controllerapi.Subnet) (*controllerapi.Subnet, error)
+	ListSubnets(ctx context.Context, projectID, networkID string) ([]controllerapi.Subnet, error)
+	DeleteSubnet(ctx context.Context, projectID, id string) error
 	EachLoadBalancer(ctx context.Context, projectID string, fn func(*controllerapi.LoadBalancer) error) error
 	GetLoadBalancer(ctx context.Context, projectID, id string) (*controllerapi.LoadBalancer, error)
 	CreateLoadBalancer(ctx context.Context, projectID string, lb controllerapi.LoadBalancer) (*controllerapi.LoadBalancer, error)
@@ -111,6 +117,7 @@ type Reconciler struct {
 
 	svcInf   cache.SharedIndexInformer
 	sliceInf cache.SharedIndexInformer
+	cidrInf  cache.SharedIndexInformer // ServiceCIDRs; nil when the API server has none (servicecidr.go)
 	nodeInf  cache.SharedIndexInformer // *nodeObj: a node's host id
 	svcIdx   cache.Indexer             // *svcObj by namespace/name
 	sliceIdx cache.Store               // *sliceObj by namespace/name
@@ -137,6 +144,11 @@ type Reconciler struct {
 	// vpcPrefix holds every member address the controller accepts;
 	// guarded by mu, set by setup before the workers start.
 	vpcPrefix netip.Prefix
+	// added: the ranges of ServiceCIDRs served besides the configured
+	// one, by object name (guarded by mu); rangesPtr publishes them with
+	// it for lock-free reads (servicecidr.go).
+	added     map[string]svcRange
+	rangesPtr atomic.Pointer[rangeSet]
 }
 
 const (
@@ -184,6 +196,7 @@ func New(cfg Config) (*Reconciler, error) {
 		lbs: map[string]lbEntry{}, fips: map[string]*controllerapi.FloatingIP{},
 		warned: map[types.UID]bool{},
 		waitIP: map[string]map[string]bool{}, slicesBy: map[string][]string{},
+		added: map[string]svcRange{},
 	}
 	// Informers of their own, without the namespace index a factory adds
 	// (nothing here lists by namespace), caching compact records of the
@@ -204,9 +217,28 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	r.svcInf, r.sliceInf, r.nodeInf = svcInf, sliceInf, nodeInf
 	r.svcIdx, r.sliceIdx = svcInf.GetIndexer(), sliceInf.GetIndexer()
+	infs := []cache.SharedInformer{svcInf, sliceInf, nodeInf}
+	{
+		// ServiceCIDRs: networking.k8s.io/v1, served since v1.33.
+		r.cidrInf = networkinginformers.NewServiceCIDRInformer(cfg.Kube, 0, cache.Indexers{})
+		infs = append(infs, r.cidrInf)
+		enqueueCIDR := func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if sc, ok := o.(*networkingv1.ServiceCIDR); ok {
+				r.q.Add(cidrKeyPrefix + sc.Name)
+			}
+		}
+		if _, err := r.cidrInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: enqueueCIDR, UpdateFunc: func(_, o any) { enqueueCIDR(o) }, DeleteFunc: enqueueCIDR,
+		}); err != nil {
+			return nil, fmt.Errorf("services: %w", err)
+		}
+	}
 	ctl, err := ctrl.New(ctrl.Config{
 		Name: "kurma-k8s-services", Kube: cfg.Kube, Lease: cfg.Lease,
-		Informers: []cache.SharedInformer{svcInf, sliceInf, nodeInf},
+		Informers: infs,
 		Sync:      r.syncKey, Setup: r.setup, Workers: cfg.Workers, QPS: 1000, Burst: 5000,
 		ResyncKey: resyncKey, Resync: cfg.Resync,
 		Metrics: cfg.Metrics, MetricsPrefix: "kurma_k8s_services", KindOf: keyKind,
@@ -338,6 +370,9 @@ func (r *Reconciler) syncKey(ctx context.Context, key string) error {
 	if key == resyncKey {
 		return r.resync(ctx)
 	}
+	if name, ok := strings.CutPrefix(key, cidrKeyPrefix); ok {
+		return r.syncCIDR(ctx, name)
+	}
 	return r.sync(ctx, key)
 }
 
@@ -345,6 +380,9 @@ func (r *Reconciler) syncKey(ctx context.Context, key string) error {
 func keyKind(key string) string {
 	if key == resyncKey {
 		return "resync"
+	}
+	if strings.HasPrefix(key, cidrKeyPrefix) {
+		return "servicecidr"
 	}
 	return "service"
 }

@@ -43,9 +43,10 @@ func (r *Reconciler) trySetup(ctx context.Context) error {
 			return fmt.Errorf("vpc %s cidr %q: %w", vpc.ID, vpc.CIDR, err)
 		}
 	}
-	if err := r.ensureServiceSubnet(ctx); err != nil {
+	if err := r.ensureSubnet(ctx, r.cfg.ServiceSubnet, r.cfg.ServiceCIDR); err != nil {
 		return err
 	}
+	r.syncCIDRs(ctx)
 	if err := r.checkExternal(ctx); err != nil {
 		return err
 	}
@@ -92,26 +93,27 @@ func lastHost(p netip.Prefix) netip.Addr {
 	return a
 }
 
-func (r *Reconciler) ensureServiceSubnet(ctx context.Context) error {
-	id := r.cfg.ServiceSubnet
+// ensureSubnet makes sure the service subnet id covers the clusterIP
+// range rng (the configured range, or an added ServiceCIDR's).
+func (r *Reconciler) ensureSubnet(ctx context.Context, id string, rng netip.Prefix) error {
 	for _, exact := range []bool{false, true} {
 		sn, err := r.c.GetSubnet(ctx, r.cfg.Project, id)
 		if err == nil {
-			return r.checkServiceSubnet(sn)
+			return r.checkServiceSubnet(sn, rng)
 		}
 		if !errors.Is(err, kerrors.NotFound) {
 			return fmt.Errorf("service subnet %s: %w", id, err)
 		}
-		cidr, gw := serviceSubnetPlan(r.cfg.ServiceCIDR, exact)
+		cidr, gw := serviceSubnetPlan(rng, exact)
 		sn, err = r.c.CreateSubnet(ctx, r.cfg.Project, controllerapi.Subnet{
 			ID: id, Name: id, NetworkID: r.cfg.VPC, CIDR: cidr.String(), GatewayIP: gw.String(),
 			Purpose:     controllerapi.SubnetPurposeService,
-			Description: "Kubernetes clusterIPs (" + r.cfg.ServiceCIDR.String() + ")",
+			Description: "Kubernetes clusterIPs (" + rng.String() + ")",
 		})
 		switch {
 		case err == nil:
 			r.log.Info("services: created the service subnet", "id", id, "cidr", cidr, "gateway", gw,
-				"service_cidr", r.cfg.ServiceCIDR)
+				"service_cidr", rng)
 			return nil
 		case errors.Is(err, kerrors.Conflict) && strings.Contains(err.Error(), "overlaps") && !exact:
 			r.log.Warn("services: the service range's supernet overlaps a subnet; using the range itself "+
@@ -126,14 +128,14 @@ func (r *Reconciler) ensureServiceSubnet(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("service subnet %s: %w", id, err)
 	}
-	return r.checkServiceSubnet(sn)
+	return r.checkServiceSubnet(sn, rng)
 }
 
-func (r *Reconciler) checkServiceSubnet(sn *controllerapi.Subnet) error {
+func (r *Reconciler) checkServiceSubnet(sn *controllerapi.Subnet, rng netip.Prefix) error {
 	p, err := netip.ParsePrefix(sn.CIDR)
-	if err != nil || !p.Contains(r.cfg.ServiceCIDR.Addr()) || p.Bits() > r.cfg.ServiceCIDR.Bits() {
+	if err != nil || !p.Contains(rng.Addr()) || p.Bits() > rng.Bits() {
 		return kerrors.New(kerrors.Invalid, "service subnet %s (%s) does not cover the service range %s",
-			sn.ID, sn.CIDR, r.cfg.ServiceCIDR)
+			sn.ID, sn.CIDR, rng)
 	}
 	if sn.NetworkID != r.cfg.VPC {
 		return kerrors.New(kerrors.Invalid, "service subnet %s belongs to vpc %s, not %s", sn.ID, sn.NetworkID, r.cfg.VPC)

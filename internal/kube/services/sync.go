@@ -46,7 +46,7 @@ func (r *Reconciler) ours(svc *corev1.Service) bool {
 
 func (r *Reconciler) wantsFIP(svc *corev1.Service) bool {
 	return svc != nil && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && r.ours(svc) &&
-		clusterIP(svc, r.cfg.ServiceCIDR).IsValid()
+		clusterIP(svc, r.ranges()).IsValid()
 }
 
 func (r *Reconciler) slicesOf(key string) []*discoveryv1.EndpointSlice {
@@ -105,7 +105,7 @@ func (r *Reconciler) sync(ctx context.Context, key string) error {
 	}
 	var w *wanted
 	if svc != nil {
-		w = desired(svc, r.slicesOf(key), r.cfg.ServiceCIDR, vpc, r.hostOf)
+		w = desired(svc, r.slicesOf(key), r.ranges(), vpc, r.hostOf)
 	}
 	if old != "" && (w == nil || old != w.ID) {
 		if err := r.remove(ctx, key, old); err != nil {
@@ -169,7 +169,7 @@ func (r *Reconciler) ensureLB(ctx context.Context, key string, uid types.UID, w 
 	cur := e.lbPrint
 	if !ok {
 		lb, err := r.c.CreateLoadBalancer(ctx, r.cfg.Project, controllerapi.LoadBalancer{
-			ID: w.ID, Name: w.Name, Description: Description, VIPSubnetID: r.cfg.ServiceSubnet, VIPAddress: w.VIP,
+			ID: w.ID, Name: w.Name, Description: Description, VIPSubnetID: r.ranges().subnetOf(w.VIP, r.cfg.ServiceSubnet), VIPAddress: w.VIP,
 			Listeners: w.Listeners, Members: w.Members, SessionPersistence: w.Persistence, Policy: w.Policy,
 		})
 		if err == nil {
@@ -439,7 +439,7 @@ func (r *Reconciler) clearStatus(ctx context.Context, svc *corev1.Service) error
 	if !r.ours(svc) || (len(svc.Status.LoadBalancer.Ingress) == 0 && meta.FindStatusCondition(svc.Status.Conditions, ConditionFloatingIP) == nil) {
 		return nil
 	}
-	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer && clusterIP(svc, r.cfg.ServiceCIDR).IsValid() {
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer && clusterIP(svc, r.ranges()).IsValid() {
 		return nil
 	}
 	if err := r.patchStatus(ctx, svc, nil, nil); err != nil {
@@ -471,6 +471,10 @@ func (r *Reconciler) resync(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("resync: list floating ips: %w", err)
 	}
+	if err := r.staleCIDRSubnets(ctx); err != nil {
+		// Not fatal: an orphan subnet costs addresses, not traffic.
+		r.log.Warn("services: resync: subnets of deleted ServiceCIDRs", "err", err)
+	}
 	// Read the Services after the controller lists: a load balancer made
 	// for a Service implies the Service was in the cache before.
 	objs := r.svcIdx.List()
@@ -483,7 +487,7 @@ func (r *Reconciler) resync(ctx context.Context) error {
 			continue
 		}
 		keys = append(keys, so.key())
-		if s := so.service(); clusterIP(s, r.cfg.ServiceCIDR).IsValid() {
+		if s := so.service(); clusterIP(s, r.ranges()).IsValid() {
 			wantLB[LBID(s.UID)] = s.Namespace + "/" + s.Name
 			if r.wantsFIP(s) {
 				wantFIP[LBID(s.UID)] = true
