@@ -51,8 +51,14 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, re
 	if pprof {
 		debugpprof.Register(mux)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("metrics listening", "addr", l.Addr().String())
+	serve(ctx, l, mux, "metrics", log)
+}
+
+// serve serves h on l until ctx ends (then shuts the server down within
+// 2 s); what names the server in the log.
+func serve(ctx context.Context, l net.Listener, h http.Handler, what string, log *slog.Logger) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	log.Info(what+" listening", "addr", l.Addr().String())
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -61,7 +67,7 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, re
 	}()
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "err", err)
+			log.Error(what+" server", "err", err)
 		}
 	}()
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,19 +32,7 @@ func serveProxyCompat(ctx context.Context, healthzAddr, statusAddr string, ready
 			log.Warn(s.what+" not served (is kube-proxy still running?)", "addr", s.addr, "err", err)
 			continue
 		}
-		srv := &http.Server{Handler: s.h, ReadHeaderTimeout: 5 * time.Second}
-		log.Info(s.what+" listening", "addr", l.Addr().String())
-		go func() {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-		go func() {
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error(s.what, "err", err)
-			}
-		}()
+		serve(ctx, l, s.h, s.what, log)
 	}
 }
 

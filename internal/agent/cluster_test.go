@@ -302,6 +302,19 @@ func hostIDs(hs []*host) []string {
 	return out
 }
 
+// lbNetwork creates the project name with a VPC of one subnet (cidr) and
+// the service subnet 10.96.0.0/24, and returns the project's id and both
+// subnets.
+func (c *cluster) lbNetwork(ctx context.Context, name, cidr string) (pid string, sn, svc *controllerapi.Subnet) {
+	c.t.Helper()
+	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: name})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	sn = c.network(ctx, proj.ID, "net", cidr)
+	return proj.ID, sn, c.serviceSubnet(ctx, proj.ID, sn, "10.96.0.0/24")
+}
+
 // network creates a project-scoped VPC with one subnet and returns the
 // subnet.
 // serviceSubnet adds to sn's VPC a subnet of purpose service (load

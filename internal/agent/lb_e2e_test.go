@@ -168,13 +168,7 @@ func lbElements(t *testing.T, h *host) (services, backends, chains int) {
 func TestLoadBalancerE2E(t *testing.T) {
 	ctx := t.Context()
 	c := newCluster(t, 2)
-	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "lb"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := proj.ID
-	sn := c.network(ctx, pid, "net", "10.20.0.0/24")
-	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/24")
+	pid, sn, svc := c.lbNetwork(ctx, "lb", "10.20.0.0/24")
 	client := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
 	m1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
 	m2 := c.newPod(ctx, t, pid, sn.ID, c.hosts[1]) // the other host
@@ -521,13 +515,7 @@ func TestNodePortFromHost(t *testing.T) {
 		h.proc.stop()
 		c.startAgent(h)
 	}
-	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "np"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := proj.ID
-	sn := c.network(ctx, pid, "net", "10.20.0.0/24")
-	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/24")
+	pid, sn, svc := c.lbNetwork(ctx, "np", "10.20.0.0/24")
 	m1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])
 	m2 := c.newPod(ctx, t, pid, sn.ID, c.hosts[1])
 	p1 := c.newPod(ctx, t, pid, sn.ID, c.hosts[0])

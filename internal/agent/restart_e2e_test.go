@@ -122,13 +122,7 @@ func agentReady(h *host) bool {
 func TestAgentRestartKeepsDatapath(t *testing.T) {
 	ctx := t.Context()
 	c := newCluster(t, 2)
-	proj, err := c.c.CreateProject(ctx, controllerapi.Project{Name: "restart"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := proj.ID
-	sn := c.network(ctx, pid, "net", "10.50.0.0/24")
-	svc := c.serviceSubnet(ctx, pid, sn, "10.96.0.0/24")
+	pid, sn, svc := c.lbNetwork(ctx, "restart", "10.50.0.0/24")
 	pods := []pod{c.newPod(ctx, t, pid, sn.ID, c.hosts[0]), c.newPod(ctx, t, pid, sn.ID, c.hosts[0]),
 		c.newPod(ctx, t, pid, sn.ID, c.hosts[1])}
 	c.waitUp(ctx, t, pid, pods...)
