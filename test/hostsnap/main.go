@@ -253,7 +253,10 @@ func Diff(a, b *Snapshot) []string {
 		}
 	}
 	for _, name := range sortedKeys(a.Sysctls, b.Sysctls) {
-		if a.Sysctls[name] != b.Sysctls[name] {
+		// A setting absent before came with a module the run loaded
+		// (nf_conntrack, br_netfilter on a modular kernel): not a change
+		// of the host's.
+		if _, was := a.Sysctls[name]; was && a.Sysctls[name] != b.Sysctls[name] {
 			out = append(out, fmt.Sprintf("sysctl %s: %s -> %s", name, a.Sysctls[name], b.Sysctls[name]))
 		}
 	}

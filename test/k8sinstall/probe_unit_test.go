@@ -16,28 +16,34 @@ import (
 	"time"
 )
 
+// here runs f in the test's own namespace (probeOnce's "in" argument).
+func here(f func() error) error { return f() }
+
+// serve answers each connection to a loopback listener with h, until the
+// test ends, and returns the listener's address.
+func serve(t *testing.T, h func(net.Conn)) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); h(c) }()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
 // TestProbeOnce: probeOnce's verdicts on loopback (the test's own
 // namespace): an answer, a refusal, a server that never answers, a
 // server that closes without answering.
 func TestProbeOnce(t *testing.T) {
-	here := func(f func() error) error { return f() }
-	serve := func(t *testing.T, h func(net.Conn)) netip.AddrPort {
-		ln, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() { defer c.Close(); h(c) }()
-			}
-		}()
-		return netip.MustParseAddrPort(ln.Addr().String())
-	}
 	closed := func(t *testing.T) netip.AddrPort {
 		ln, err := net.Listen("tcp4", "127.0.0.1:0")
 		if err != nil {
@@ -93,37 +99,22 @@ func TestProbeOnceLateClient(t *testing.T) {
 	if addr := os.Getenv("K8SINSTALL_PROBE_HELPER"); addr != "" {
 		// The stopped prober: one attempt after another, one line each.
 		ap := netip.MustParseAddrPort(addr)
-		here := func(f func() error) error { return f() }
 		for range 30 {
 			a := probeOnce(here, ap, "hostname", 250*time.Millisecond, 250*time.Millisecond)
 			fmt.Printf("attempt %q %v %d\n", a.answer, a.err, a.late.Milliseconds())
 		}
 		return
 	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := bufio.NewReader(c).ReadString('\n'); err == nil {
-					// Slow enough that most stops fall while the
-					// prober waits for the answer.
-					time.Sleep(100 * time.Millisecond)
-					_, _ = c.Write([]byte("echo-1\n"))
-				}
-			}()
+	ap := serve(t, func(c net.Conn) {
+		if _, err := bufio.NewReader(c).ReadString('\n'); err == nil {
+			// Slow enough that most stops fall while the prober waits
+			// for the answer.
+			time.Sleep(100 * time.Millisecond)
+			_, _ = c.Write([]byte("echo-1\n"))
 		}
-	}()
+	})
 	cmd := exec.Command(os.Args[0], "-test.run=^TestProbeOnceLateClient$")
-	cmd.Env = append(os.Environ(), "K8SINSTALL_PROBE_HELPER="+ln.Addr().String())
+	cmd.Env = append(os.Environ(), "K8SINSTALL_PROBE_HELPER="+ap.String())
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

@@ -78,12 +78,12 @@ func frontendOf(e elem) (dst netip.Addr, port uint16, ok bool) {
 		if len(k) < 12 || k[4] != UDP {
 			return netip.Addr{}, 0, false
 		}
-		return netip.AddrFrom4([4]byte([]byte(k[:4]))), uint16(k[8])<<8 | uint16(k[9]), true
+		return getAddr(k), getPort(k[8:]), true
 	case setNP, setNPBackend: // proto . port
 		if len(k) < 8 || k[0] != UDP {
 			return netip.Addr{}, 0, false
 		}
-		return netip.Addr{}, uint16(k[4])<<8 | uint16(k[5]), true
+		return netip.Addr{}, getPort(k[4:]), true
 	}
 	return netip.Addr{}, 0, false
 }
@@ -140,7 +140,7 @@ func memberOf(val string) (netip.AddrPort, bool) {
 	if len(val) < 6 {
 		return netip.AddrPort{}, false
 	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte([]byte(val[:4]))), uint16(val[4])<<8|uint16(val[5])), true
+	return netip.AddrPortFrom(getAddr(val), getPort(val[4:])), true
 }
 
 // classCount is the member count of a class element's value.

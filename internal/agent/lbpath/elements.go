@@ -266,3 +266,8 @@ func routeOf(e elem) (iface string, a netip.Addr) {
 
 // getMark decodes a mark as putMark encodes it.
 func getMark(v string) uint32 { return binary.NativeEndian.Uint32([]byte(v)) }
+
+// getAddr and getPort decode, at the start of b, what putAddr and putPort
+// encode; b must be long enough (4 and 2 bytes).
+func getAddr(b string) netip.Addr { return netip.AddrFrom4([4]byte([]byte(b[:4]))) }
+func getPort(b string) uint16     { return uint16(b[0])<<8 | uint16(b[1]) }

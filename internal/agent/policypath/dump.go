@@ -162,19 +162,15 @@ func (p *Path) identity(c *mnl.Conn) (string, error) {
 		return "", fmt.Errorf("policypath: get table %s: %w", p.cfg.Table, err)
 	}
 	var b strings.Builder
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := mnl.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return "", err
-		}
+	err = eachAttrs(msgs, func(ad *mnl.AttributeDecoder) {
 		for ad.Next() {
 			if ad.Type() == nftaTableHandle {
 				fmt.Fprintf(&b, "table %d", ad.Uint64())
 			}
 		}
+	})
+	if err != nil {
+		return "", err
 	}
 	ae = mnl.NewAttributeEncoder()
 	ae.String(unix.NFTA_SET_TABLE, p.cfg.Table)
@@ -185,14 +181,7 @@ func (p *Path) identity(c *mnl.Conn) (string, error) {
 		return "", fmt.Errorf("policypath: list sets of %s: %w", p.cfg.Table, err)
 	}
 	handles := map[string]uint64{}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := mnl.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return "", err
-		}
+	err = eachAttrs(msgs, func(ad *mnl.AttributeDecoder) {
 		var name string
 		var h uint64
 		for ad.Next() {
@@ -204,11 +193,30 @@ func (p *Path) identity(c *mnl.Conn) (string, error) {
 			}
 		}
 		handles[name] = h
+	})
+	if err != nil {
+		return "", err
 	}
 	for _, d := range setDefs {
 		fmt.Fprintf(&b, " %s %d", d.name, handles[d.name])
 	}
 	return b.String(), nil
+}
+
+// eachAttrs calls fn with the attributes of each nftables message of msgs
+// (after its 4-byte nfgenmsg header).
+func eachAttrs(msgs []mnl.Message, fn func(*mnl.AttributeDecoder)) error {
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := mnl.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return err
+		}
+		fn(ad)
+	}
+	return nil
 }
 
 // present reports whether the kernel holds element e of a hashed set

@@ -127,17 +127,31 @@ func (r *Reconciler) syncCIDRs(ctx context.Context) {
 		return
 	}
 	for _, k := range r.cidrInf.GetStore().ListKeys() {
-		if err := r.syncCIDR(ctx, k); err != nil {
+		// No Service is enqueued: the first resync, next, enqueues all.
+		if _, err := r.serveCIDR(ctx, k); err != nil {
 			r.log.Warn("services: ServiceCIDR not served yet", "name", k, "err", err)
 			r.q.Add(cidrKeyPrefix + k)
 		}
 	}
 }
 
-// syncCIDR makes the service subnet of the ServiceCIDR name, or deletes
-// it when the object is gone, and publishes the ranges. The Services of a
-// range that appeared are synced again.
+// syncCIDR serves the ServiceCIDR name as it is now (serveCIDR) and, when
+// a range appeared, syncs every Service again: those in it get their load
+// balancers.
 func (r *Reconciler) syncCIDR(ctx context.Context, name string) error {
+	added, err := r.serveCIDR(ctx, name)
+	if added {
+		for _, k := range r.svcIdx.ListKeys() {
+			r.enqueue(k)
+		}
+	}
+	return err
+}
+
+// serveCIDR makes the service subnet of the ServiceCIDR name, or deletes
+// it when the object is gone, and publishes the ranges; added says that a
+// range is served now that was not.
+func (r *Reconciler) serveCIDR(ctx context.Context, name string) (added bool, err error) {
 	var sc *networkingv1.ServiceCIDR
 	if r.cidrInf != nil {
 		if o, ok, err := r.cidrInf.GetStore().GetByKey(name); err == nil && ok {
@@ -152,34 +166,34 @@ func (r *Reconciler) syncCIDR(ctx context.Context, name string) error {
 		r.publishRanges()
 		r.mu.Unlock()
 		if had {
-			// Its Services are gone (the API server removes the object
-			// only then); their load balancers go with their own syncs.
+			// The API server removes the object only once no clusterIP
+			// is left in it; the resync deletes any load balancer still
+			// there.
 			r.enqueue(resyncKey)
 		}
-		return r.deleteCIDRSubnet(ctx, id)
+		// Also when not served now: a retry after a failed delete, or
+		// a range that was never served (NotFound then).
+		return false, r.deleteCIDRSubnet(ctx, id)
 	}
 	pfx, ok := r.cidrOf(sc)
 	if !ok {
-		return nil
+		return false, nil
 	}
 	r.mu.Lock()
 	cur, had := r.added[name]
 	r.mu.Unlock()
 	if had && cur.pfx == pfx {
-		return nil
+		return false, nil
 	}
 	if err := r.ensureSubnet(ctx, id, pfx); err != nil {
-		return err
+		return false, err
 	}
 	r.mu.Lock()
 	r.added[name] = svcRange{pfx: pfx, subnet: id}
 	r.publishRanges()
 	r.mu.Unlock()
 	r.log.Info("services: serving a ServiceCIDR", "name", name, "cidr", pfx, "subnet", id)
-	for _, k := range r.svcIdx.ListKeys() {
-		r.enqueue(k)
-	}
-	return nil
+	return true, nil
 }
 
 // deleteCIDRSubnet deletes an added range's subnet; one that still holds
