@@ -55,6 +55,31 @@ func sampleCPU(c *kubecluster.Cluster) cpuTimes {
 	return out
 }
 
+// machineCPU reads the busy and total CPU time of the whole machine, in
+// clock ticks, from the first line of /proc/stat (busy: all but idle and
+// iowait).
+func machineCPU() (busy, total int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, 0
+	}
+	// user nice system idle iowait irq softirq steal [guest guest_nice]
+	// (guest time is already counted in user).
+	for i, x := range f[1:9] {
+		n, _ := strconv.ParseInt(x, 10, 64)
+		total += n
+		if i != 3 && i != 4 {
+			busy += n
+		}
+	}
+	return busy, total
+}
+
 type procStat struct {
 	ppid  int
 	ticks int64 // utime + stime + cutime + cstime

@@ -160,6 +160,11 @@ type figures struct {
 	// (and what it ran: containerd's CNI plugins) used from the first
 	// create to all Running (cpu.go).
 	cpu map[string]float64
+	// machine is the whole machine's busy CPU seconds from the first
+	// create to all Running, and its share of the CPUs' time: what the
+	// rest of the machine took shows as machine - sum(cpu).
+	machine      float64
+	machineShare float64
 	// steps is the burst's ADD timeline (setup.Traced).
 	steps []addStep
 }
@@ -254,6 +259,11 @@ func summarize(list []string, results []figures) {
 			med[proc] = xs[len(xs)/2]
 		}
 		fmt.Printf("%-8s CPU s per 100 pods (medians): %s\n", name, formatCPU(med))
+		var busy []string
+		for _, r := range by[name] {
+			busy = append(busy, fmt.Sprintf("%.0f %%", 100*r.machineShare))
+		}
+		fmt.Printf("%-8s machine busy during the burst, by round: %s\n", name, strings.Join(busy, " / "))
 		var steps []addStep
 		for _, r := range by[name] {
 			steps = append(steps, r.steps...)
@@ -284,6 +294,24 @@ func keys() []string {
 	return k
 }
 
+// keepLogs is the -keep-logs flag: a folder that receives a copy of each
+// round's cluster process logs (kubelet, containerd, the Kurma daemons).
+var keepLogs = flag.String("keep-logs", "", "copy each round's cluster process logs into DIR/<n>-<setup>/ (for a slow or failed ADD)")
+
+// keepClusterLogs copies the cluster's log folder into a new numbered
+// folder of dir named after the setup.
+func keepClusterLogs(c *kubecluster.Cluster, dir, name string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	old, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(dir, fmt.Sprintf("%d-%s", len(old)+1, name))
+	return os.CopyFS(dst, os.DirFS(filepath.Join(c.Dir, "logs")))
+}
+
 // measure runs one setup on a fresh cluster.
 func measure(ctx context.Context, name string, f setupFunc, binDir string, n int, lock *kubecluster.HostLock) (r figures, err error) {
 	tmp, err := os.MkdirTemp("", "kbench-"+name)
@@ -309,6 +337,11 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 		return r, err
 	}
 	defer func() {
+		if *keepLogs != "" {
+			if kerr := keepClusterLogs(c, *keepLogs, name); kerr != nil {
+				fmt.Fprintf(os.Stderr, "keep logs: %v\n", kerr)
+			}
+		}
 		if cerr := c.Close(); cerr != nil && err == nil {
 			err = cerr
 		}
@@ -356,6 +389,7 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 	}
 	created := make([]time.Time, n)
 	cpu0 := sampleCPU(c)
+	busy0, total0 := machineCPU()
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -382,6 +416,10 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 		return r, fmt.Errorf("%d/%d Running: %w", seen.count(), n, ctx.Err())
 	}
 	r.cpu = cpuDelta(cpu0, sampleCPU(c), n)
+	if busy1, total1 := machineCPU(); total1 > total0 {
+		r.machine = float64(busy1-busy0) / clockTicks
+		r.machineShare = float64(busy1-busy0) / float64(total1-total0)
+	}
 	stopWatch()
 	running := seen.snapshot()
 	var last time.Time
@@ -663,6 +701,12 @@ func report(name string, n int, r figures) {
 		len(r.add), r.addFailed, float64(r.sandboxTries)/100, ms(pct(r.add, 50)), ms(pct(r.add, 90)),
 		ms(pct(r.add, 99)), ms(pct(r.add, 100)))
 	fmt.Printf("  CPU s per 100 pods, first create → all Running: %s\n", formatCPU(r.cpu))
+	var cluster float64
+	for _, s := range r.cpu {
+		cluster += s * float64(n) / 100
+	}
+	fmt.Printf("  machine, first create → all Running: %.1f CPU s busy (%.0f %% of the CPUs), of which outside the cluster's processes %.1f s\n",
+		r.machine, 100*r.machineShare, r.machine-cluster)
 	if r.phases[1] != nil {
 		printPhases(r.phases[0], r.phases[1])
 	}
