@@ -7,9 +7,11 @@
 package benchutil
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -35,6 +37,20 @@ func (s Samples) Pct(p float64) time.Duration {
 	slices.Sort(c)
 	i := int(math.Ceil(p*float64(len(c)))) - 1
 	return c[max(0, min(i, len(c)-1))]
+}
+
+// Slowest formats the n largest samples in milliseconds, largest first
+// (a p99 of 20 samples is their maximum: one slow sample sets it, and
+// the next ones say whether it stood alone).
+func (s Samples) Slowest(n int) string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	slices.Reverse(c)
+	parts := make([]string, 0, n)
+	for _, d := range c[:min(n, len(c))] {
+		parts = append(parts, fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)))
+	}
+	return strings.Join(parts, ", ") + " ms"
 }
 
 // Median is the middle sample, or the mean of the two middle ones for an

@@ -694,6 +694,7 @@ func (b *bench) nodePortsOurs(ctx context.Context, r *row, adds int) ([]string, 
 	r.np50, r.np99, r.loc50, r.loc99 = npS.Pct(0.5), npS.Pct(0.99), locS.Pct(0.5), locS.Pct(0.99)
 	fmt.Printf("  (f) ours NodePort add p50 %s p99 %s (%.2f× the ClusterIP add p99); (g) eTP Local endpoint p50 %s p99 %s\n",
 		ms(r.np50), ms(r.np99), ratio(r.np99, r.add99), ms(r.loc50), ms(r.loc99))
+	fmt.Printf("      slowest (f) %s; (g) %s\n", npS.Slowest(3), locS.Slowest(3))
 	return made, nil
 }
 
@@ -792,6 +793,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	}
 	r.add50, r.add99, r.mem50, r.mem99 = addS.Pct(0.5), addS.Pct(0.99), memS.Pct(0.5), memS.Pct(0.99)
 	fmt.Printf("  (b) ours add p50 %s p99 %s; (c) endpoint p50 %s p99 %s\n", ms(r.add50), ms(r.add99), ms(r.mem50), ms(r.mem99))
+	fmt.Printf("      slowest (b) %s; (c) %s\n", addS.Slowest(3), memS.Slowest(3))
 	if b.nodePorts {
 		made, err := b.nodePortsOurs(ctx, &r, adds)
 		extra = append(extra, made...)
