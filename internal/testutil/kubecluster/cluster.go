@@ -31,15 +31,19 @@ const (
 	// 10.253.0.(i+1) (UnderlayCIDR).
 	NodeIP = "10.253.0.1"
 	// UnderlayCIDR is the nodes' shared network when Options.Nodes > 1:
-	// the bridge UnderlayBridge in the first node's namespace, and in
-	// every other node's a veth (UnderlayLink) plugged into it.
+	// a switch, the bridge UnderlayBridge in a namespace of its own
+	// (Cluster.SwitchNetNS), and a veth from each node plugged into it:
+	// UnderlayFirstLink in the first node's namespace, UnderlayLink in
+	// every other node's.
 	UnderlayCIDR = "10.253.0.0/24"
-	// UnderlayBridge and UnderlayLink name the underlay's links.
-	UnderlayBridge = "kkc-underlay"
-	UnderlayLink   = "eth0"
-	apiPort        = 6443
-	etcdPort       = 2379
-	etcdPeerPort   = 2380
+	// UnderlayBridge, UnderlayFirstLink and UnderlayLink name the
+	// underlay's links.
+	UnderlayBridge    = "kkc-switch"
+	UnderlayFirstLink = "kkc-underlay"
+	UnderlayLink      = "eth0"
+	apiPort           = 6443
+	etcdPort          = 2379
+	etcdPeerPort      = 2380
 	// ServiceCIDR is the API server's --service-cluster-ip-range.
 	ServiceCIDR = "10.96.0.0/16"
 	// PauseImage and EchoImage are the offline images every node has
@@ -174,12 +178,16 @@ type Cluster struct {
 	NetNSDir string
 	// BinDir is the build output in use.
 	BinDir string
+	// SwitchNetNS is the path of the underlay switch's network namespace
+	// (with Options.Nodes > 1).
+	SwitchNetNS string
 
-	netns   ns.NetNS
-	spawn   *spawner
-	node0   *Node // the first node: the cluster's namespace (also with NoNode)
-	lock    *os.File
-	sysctls map[string]string
+	netns    ns.NetNS
+	switchNS ns.NetNS
+	spawn    *spawner
+	node0    *Node // the first node: the cluster's namespace (also with NoNode)
+	lock     *os.File
+	sysctls  map[string]string
 	// newDirs are the hostDirs that did not exist when the node started.
 	newDirs []string
 
@@ -440,14 +448,20 @@ func (c *Cluster) teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	// The other nodes' namespaces (their veths go with them), then the
-	// cluster's.
+	// The other nodes' namespaces (their veths go with them), the
+	// switch's, then the cluster's.
 	for _, n := range c.Nodes {
 		if n.netns != nil && n != c.node0 {
 			_ = n.netns.Close()
 			if err := testutil.RemoveNetNS(n.NetNS); err != nil {
 				errs = append(errs, err)
 			}
+		}
+	}
+	if c.switchNS != nil {
+		_ = c.switchNS.Close()
+		if err := testutil.RemoveNetNS(c.SwitchNetNS); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.netns != nil {

@@ -5,7 +5,7 @@
 // (bin/tools/etcd, bin/k8s/*) and all inside a network namespace of the
 // cluster's own. A second node gets a namespace, folders, cgroup root and
 // sockets of its own, on an underlay shared with the first (a bridge in
-// the cluster's namespace, a veth into each other node's). The CNI
+// a namespace of its own, the switch, and a veth from each node). The CNI
 // configuration of the nodes is the caller's: a conflist and a plugin
 // folder, so that the same harness runs the upstream bridge plugin (the
 // peer) and Kurma's driver.

@@ -20,8 +20,8 @@ import (
 // Node is one node of the cluster: a containerd (CRI) and a kubelet in a
 // network namespace of the node's own. The first node (Cluster.Nodes[0])
 // lives in the cluster's namespace, with the control plane; with
-// Options.Nodes > 1 every other node has a namespace of its own, joined to
-// the first by a veth pair on the underlay bridge (UnderlayBridge).
+// Options.Nodes > 1 every other node has a namespace of its own; each node
+// has a veth on the underlay switch (UnderlayBridge).
 type Node struct {
 	// Name is the kubelet's node name; IP its InternalIP on the underlay
 	// (NodeIP for the first node).

@@ -2,6 +2,7 @@ package kubecluster_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 // TestTwoNodes runs a cluster of two real nodes: both kubelets register
 // and go Ready, each runs a pod of its own, the second node's kubelet is
 // reached over the underlay at its own address, and Close leaves nothing
-// of either node on the host.
+// of either node (nor of the underlay's switch) on the host.
 func TestTwoNodes(t *testing.T) {
 	hostHad := existing("/run/containerd", "/var/log/containers", "/var/lib/cni", "/var/lib/kubelet")
 	leases := t.TempDir()
@@ -66,6 +67,10 @@ func TestTwoNodes(t *testing.T) {
 	if out, err := n1.Command(ctx, filepath.Join(c.BinDir, "k8s", "kubectl"), "get", "nodes").CombinedOutput(); err != nil {
 		t.Fatalf("kubectl from the second node: %v: %s", err, out)
 	}
+	if c.SwitchNetNS == "" || c.SwitchNetNS == c.NetNS {
+		t.Fatalf("no underlay switch of its own: %q", c.SwitchNetNS)
+	}
+	sw := c.SwitchNetNS
 	dir, cg := c.Dir, []string{c.CgroupRoot, n1.CgroupRoot}
 	nss := []string{c.NetNS, n1.NetNS}
 	socks := []string{c.ContainerdSocket, n1.ContainerdSocket}
@@ -74,5 +79,8 @@ func TestTwoNodes(t *testing.T) {
 	}
 	for i := range nss {
 		assertGone(t, dir, nss[i], cg[i], socks[i], hostHad)
+	}
+	if _, err := os.Stat(sw); err == nil {
+		t.Errorf("the underlay switch's namespace %s left behind", sw)
 	}
 }

@@ -30,6 +30,8 @@ type record struct {
 	NewDirs []string `json:"newDirs,omitempty"`
 	// Nodes are the nodes after the first (whose fields are above).
 	Nodes []nodeRecord `json:"nodes,omitempty"`
+	// Switch is the underlay switch's namespace.
+	Switch string `json:"switch,omitempty"`
 }
 
 // nodeRecord is what a node after the first leaves on the host.
@@ -44,7 +46,7 @@ type nodeRecord struct {
 
 // saveRecord writes the cluster's record.
 func (c *Cluster) saveRecord() error {
-	r := record{NetNS: c.NetNS, Sysctls: c.sysctls, NewDirs: c.newDirs}
+	r := record{NetNS: c.NetNS, Sysctls: c.sysctls, NewDirs: c.newDirs, Switch: c.SwitchNetNS}
 	for i, n := range c.Nodes {
 		if i == 0 {
 			r.CgroupRoot, r.ContainerdSocket = n.CgroupRoot, n.ContainerdSocket
@@ -104,6 +106,9 @@ func sweep() error {
 			if nr.NetNS != "" {
 				errs = append(errs, testutil.RemoveNetNS(nr.NetNS))
 			}
+		}
+		if r.Switch != "" {
+			errs = append(errs, testutil.RemoveNetNS(r.Switch))
 		}
 		errs = append(errs, unmountUnder(d), removeContainerLogLinks(d), restoreSysctls(r.Sysctls))
 		if r.NetNS != "" {

@@ -24,9 +24,9 @@ func nodeIP(i int) string {
 }
 
 // addNodeNS makes node i's (i ≥ 1) network namespace and folder and plugs
-// it into the underlay: a veth whose peer joins UnderlayBridge in the
-// cluster's namespace (made with the second node). Close removes the
-// namespace, and the veth pair with it.
+// it into the underlay: a veth UnderlayLink whose peer joins the switch
+// (made, with the first node's link, along with the second node). Close
+// removes the namespace, and the veth pair with it.
 func (c *Cluster) addNodeNS(i int, opts Options) (n *Node, retErr error) {
 	n = &Node{Name: opts.NodeName + "-" + strconv.Itoa(i+1), IP: nodeIP(i), c: c, suffix: "-" + strconv.Itoa(i+1)}
 	n.Dir = filepath.Join(c.Dir, "nodes", n.Name)
@@ -52,15 +52,14 @@ func (c *Cluster) addNodeNS(i int, opts Options) (n *Node, retErr error) {
 		return nil, err
 	}
 	if i == 1 {
-		if err := c.node0.Do(addUnderlayBridge); err != nil {
+		if err := c.addSwitch(); err != nil {
 			return nil, err
 		}
 	}
-	peer := "kkc-u" + strconv.Itoa(i+1) // in the cluster's namespace
-	if err := n.netns.Do(func(ns.NetNS) error { return plugUnderlay(n.IP, peer, int(c.netns.Fd())) }); err != nil {
+	if err := n.netns.Do(func(ns.NetNS) error { return plugUnderlay(UnderlayLink, n.IP, i, int(c.switchNS.Fd())) }); err != nil {
 		return nil, fmt.Errorf("underlay of %s: %w", n.Name, err)
 	}
-	if err := c.node0.Do(func() error { return joinUnderlayBridge(peer) }); err != nil {
+	if err := c.switchNS.Do(func(ns.NetNS) error { return joinSwitch(i) }); err != nil {
 		return nil, fmt.Errorf("underlay of %s: %w", n.Name, err)
 	}
 	if n.spawn, err = newSpawner(n.NetNS); err != nil {
@@ -119,26 +118,71 @@ func (n *Node) HostPath(p string) string {
 	return filepath.Join(n.binds[best], strings.TrimPrefix(p, best))
 }
 
-// addUnderlayBridge makes UnderlayBridge in the current (the cluster's)
-// namespace, with a route to UnderlayCIDR through it from NodeIP (which
-// stays on lo, where single-node clusters have it).
-func addUnderlayBridge() error {
+// addSwitch makes the underlay's switch, a namespace of its own
+// (recorded at once, so that a sweep finds it) holding the bridge
+// UnderlayBridge with bridge netfilter off, and plugs the first node into
+// it: a veth UnderlayFirstLink in the cluster's namespace, without an
+// address (NodeIP stays on lo, where single-node clusters have it), with
+// a route to UnderlayCIDR through it from NodeIP.
+//
+// The bridge must not live in a node's namespace: there the kernel's
+// bridge netfilter (bridge-nf-call-iptables, on by default and needed by
+// the nodes' own bridges) runs the node's prerouting NAT on frames still
+// inside the bridge, and a packet whose destination that NAT changes to
+// an address behind the same bridge port it came from (a node port of
+// node 1 whose endpoint is on the client's own node, or the reply to a
+// masqueraded client there) is bridged back out its ingress port, which
+// a bridge never does: it is dropped (TestUnderlayNodePortHairpin). A
+// real node has no bridge on its uplink, so it routes such packets.
+func (c *Cluster) addSwitch() error {
+	sw, err := testutils.NewNS()
+	if err != nil {
+		return fmt.Errorf("create the underlay's namespace: %w", err)
+	}
+	c.switchNS, c.SwitchNetNS = sw, sw.Path()
+	if err := c.saveRecord(); err != nil {
+		return err
+	}
+	if err := sw.Do(func(ns.NetNS) error { return addSwitchBridge() }); err != nil {
+		return fmt.Errorf("underlay switch: %w", err)
+	}
+	if err := c.node0.Do(func() error { return plugUnderlay(UnderlayFirstLink, "", 0, int(sw.Fd())) }); err != nil {
+		return fmt.Errorf("underlay of %s: %w", c.node0.Name, err)
+	}
+	if err := sw.Do(func(ns.NetNS) error { return joinSwitch(0) }); err != nil {
+		return fmt.Errorf("underlay of %s: %w", c.node0.Name, err)
+	}
+	return nil
+}
+
+// addSwitchBridge, run in the switch's namespace, turns bridge netfilter
+// off there (frames cross the switch as they would a real one) and makes
+// UnderlayBridge, up.
+func addSwitchBridge() error {
+	for _, k := range []string{"bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables"} {
+		p := filepath.Join("/proc/sys/net/bridge", k)
+		if _, err := os.Stat(p); err != nil {
+			continue // no bridge netfilter in this kernel
+		}
+		if err := os.WriteFile(p, []byte("0"), 0o644); err != nil {
+			return err
+		}
+	}
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: UnderlayBridge}}
 	if err := netlink.LinkAdd(br); err != nil {
 		return fmt.Errorf("add %s: %w", UnderlayBridge, err)
 	}
-	if err := netlink.LinkSetUp(br); err != nil {
-		return err
-	}
-	_, dst, _ := net.ParseCIDR(UnderlayCIDR)
-	return netlink.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: dst, Src: net.ParseIP(NodeIP),
-		Scope: netlink.SCOPE_LINK})
+	return netlink.LinkSetUp(br)
 }
 
-// plugUnderlay, run in a node's namespace, brings lo up and makes the veth
-// UnderlayLink with ip/24 on it, its peer (named peer) in the namespace of
-// fd.
-func plugUnderlay(ip, peer string, fd int) error {
+// switchPort names node i's (0-based) port on the switch.
+func switchPort(i int) string { return "u" + strconv.Itoa(i+1) }
+
+// plugUnderlay, run in node i's namespace, brings lo up and makes the
+// veth name, up, its peer (switchPort(i)) in the switch's namespace fd.
+// With ip, name gets ip/24; without (the first node), it gets no address
+// and a route to UnderlayCIDR from NodeIP.
+func plugUnderlay(name, ip string, i, fd int) error {
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return err
@@ -146,33 +190,43 @@ func plugUnderlay(ip, peer string, fd int) error {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		return err
 	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: UnderlayLink}, PeerName: peer,
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: switchPort(i),
 		PeerNamespace: netlink.NsFd(fd)}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("add veth %s/%s: %w", UnderlayLink, peer, err)
+		return fmt.Errorf("add veth %s/%s: %w", name, switchPort(i), err)
 	}
-	l, err := netlink.LinkByName(UnderlayLink)
+	l, err := netlink.LinkByName(name)
 	if err != nil {
 		return err
 	}
-	addr, err := netlink.ParseAddr(ip + "/24")
-	if err != nil {
+	if ip != "" {
+		addr, err := netlink.ParseAddr(ip + "/24")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
 		return err
 	}
-	if err := netlink.AddrAdd(l, addr); err != nil {
-		return err
+	if ip != "" {
+		return nil
 	}
-	return netlink.LinkSetUp(l)
+	_, dst, _ := net.ParseCIDR(UnderlayCIDR)
+	return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: net.ParseIP(NodeIP),
+		Scope: netlink.SCOPE_LINK})
 }
 
-// joinUnderlayBridge, run in the cluster's namespace, plugs peer into
+// joinSwitch, run in the switch's namespace, plugs node i's port into
 // UnderlayBridge and brings it up.
-func joinUnderlayBridge(peer string) error {
+func joinSwitch(i int) error {
 	br, err := netlink.LinkByName(UnderlayBridge)
 	if err != nil {
 		return err
 	}
-	l, err := netlink.LinkByName(peer)
+	l, err := netlink.LinkByName(switchPort(i))
 	if err != nil {
 		return err
 	}
