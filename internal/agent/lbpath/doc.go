@@ -96,10 +96,11 @@
 // element, not even for an atomic moment.
 //
 // Above that size the data sets exist in two generations (services-a,
-// services-b, ...): Sync fills the unused generation from scratch over
-// netlink, then one nft transaction points the base chains at it and
-// deletes the other: traffic sees the old state or the new one, never a
-// mix, and nothing stale survives. Reading tens of thousands of elements
+// services-b, ...; nfthost.Generations names them and runs the switch):
+// Sync fills the unused generation from scratch over netlink, then one
+// nft transaction points the base chains at it and deletes the other:
+// traffic sees the old state or the new one, never a mix, and nothing
+// stale survives. Reading tens of thousands of elements
 // back (or letting nft load them, which `nft -f` and `nft list` do)
 // costs the kernel seconds; writing them costs less than one. Chains and
 // sets are listed through netlink for the same reason.
