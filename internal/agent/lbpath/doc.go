@@ -65,7 +65,9 @@
 //   - UDP flows that a member change leaves stale (to a member that
 //     left, or to a frontend that just got its first members) are deleted
 //     from conntrack after the transaction (conntrack.go), as kube-proxy
-//     does.
+//     does; New sets conntrack's CLOSE_WAIT timeout when asked
+//     (Config.ConntrackCloseWait, kube-proxy's 1 h in Kubernetes mode),
+//     since the kernel's 60 s drops the NAT of half-closed connections.
 //   - ServiceRoutes: a route through lo per range of VIPs the host must
 //     reach without a covering route; the output DNAT then re-routes.
 //

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -76,7 +77,13 @@ type Config struct {
 	// (Kubernetes pods' egress). Without it only connections of load
 	// balancers and floating IPs cross a VPC bridge.
 	Egress bool
-	Logger *slog.Logger
+	// ConntrackCloseWait, when positive, is written (in whole seconds) to
+	// net.netfilter.nf_conntrack_tcp_timeout_close_wait in the host
+	// namespace, as kube-proxy's --conntrack-tcp-timeout-close-wait: the
+	// kernel's 60 s drops the NAT of a half-closed connection whose peer
+	// still sends.
+	ConntrackCloseWait time.Duration
+	Logger             *slog.Logger
 }
 
 // Path programs load balancers and floating IPs. It is safe for
@@ -212,6 +219,9 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 			p.Close()
 		}
 	}()
+	if err := setCloseWait(cfg.HostNS, cfg.ConntrackCloseWait); err != nil {
+		return nil, err
+	}
 	conn, err := nfthost.Open(cfg.HostNS)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
