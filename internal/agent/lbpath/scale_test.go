@@ -57,7 +57,8 @@ func TestSyncConverges(t *testing.T) {
 	if c["services"] != 500 || c["backends"] != 999 || c["chains"] != 2 {
 		t.Fatalf("after restart sync: %v", c)
 	}
-	// Counts are the mirror; read the kernel through a third Path.
+	// Counts are p2's record of what it wrote; read the kernel back
+	// through a third Path.
 	p3 := newPath(t, tp, "")
 	if err := p3.readKernelLocked(t.Context()); err != nil {
 		t.Fatal(err)
