@@ -36,6 +36,7 @@ import (
 	"kurma.dev/kurma/internal/kube/cnid"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/netpol"
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -258,7 +259,13 @@ func run() error {
 			return err
 		}
 		defer pp.Close()
-		npc, err := netpol.New(netpol.Config{Kube: kc, NodeName: *k8sNode, Datapath: policyPath{pp}, Logger: log, Metrics: reg})
+		// A local pod's address from its annotation counts once this
+		// agent's record of the pod's port has it (issue 25).
+		verify := func(uid string, ip netip.Addr) bool {
+			return a.PortHasAddr(podnet.PortID(uid), uid, podnet.PortOwner, ip)
+		}
+		npc, err := netpol.New(netpol.Config{Kube: kc, NodeName: *k8sNode, Datapath: policyPath{pp}, Logger: log, Metrics: reg,
+			VerifyAddr: verify})
 		if err != nil {
 			return err
 		}

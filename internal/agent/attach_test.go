@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -83,6 +84,21 @@ func TestAttachLocal(t *testing.T) {
 	}
 	if out := nettest.IP(t, ns1, "-br", "addr", "show", "eth0"); !strings.Contains(out, "10.9.0.5/24") {
 		t.Fatalf("eth0 of the owner after the refused Attach: %s", out)
+	}
+	// The NetworkPolicy controller's check of an annotation's address.
+	for _, tc := range []struct {
+		port, device, owner, ip string
+		want                    bool
+	}{
+		{"one", "", "", "10.9.0.5", true},
+		{"one", "", "", "10.9.0.6", false},      // another address
+		{"one", "u1", "", "10.9.0.5", false},    // another device
+		{"one", "", "other", "10.9.0.5", false}, // another owner
+		{"nope", "", "", "10.9.0.5", false},     // no such port
+	} {
+		if got := a.PortHasAddr(tc.port, tc.device, tc.owner, netip.MustParseAddr(tc.ip)); got != tc.want {
+			t.Errorf("PortHasAddr(%q, %q, %q, %s) = %t, want %t", tc.port, tc.device, tc.owner, tc.ip, got, tc.want)
+		}
 	}
 
 	ns2 := nettest.NewNS(t, testutil.UniqueName("kagt"))

@@ -38,6 +38,15 @@ type Config struct {
 	Resync  time.Duration
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
+	// VerifyAddr says whether ip is an address of the port made for the
+	// local pod with this UID, as the node's agent has it from the
+	// controller. A local pod whose address is known only from its
+	// kurma.dev/pod-networks annotation (before the kubelet reports
+	// status.podIPs) gets that address once VerifyAddr confirms it, not
+	// before: the pod's editors can write the annotation, and a forged
+	// one would put another pod's address under their policies. nil
+	// confirms nothing (such a pod waits for status.podIPs).
+	VerifyAddr func(podUID string, ip netip.Addr) bool
 }
 
 // Controller watches pods, namespaces and NetworkPolicies, keeps an
@@ -59,6 +68,10 @@ type Controller struct {
 	waiters    map[string][]chan struct{}
 	ready      bool // the first full Sync is done
 	needFull   bool
+	// unverified: local pods whose annotation's address VerifyAddr has
+	// not confirmed (the engine has them without an address); WaitPod
+	// asks again while an ADD waits for one.
+	unverified map[string]*corev1.Pod
 }
 
 // New builds the watches (started by Run).
@@ -73,7 +86,8 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Metrics), kick: make(chan struct{}, 1),
-		eng: NewEngine(cfg.NodeName), programmed: map[string]netip.Addr{}, waiters: map[string][]chan struct{}{}}
+		eng: NewEngine(cfg.NodeName), programmed: map[string]netip.Addr{}, waiters: map[string][]chan struct{}{},
+		unverified: map[string]*corev1.Pod{}}
 	c.fac = informers.NewSharedInformerFactory(cfg.Kube, 0)
 	pods := c.fac.Core().V1().Pods().Informer()
 	if err := pods.SetTransform(compactPod); err != nil {
@@ -86,10 +100,11 @@ func New(cfg Config) (*Controller, error) {
 	}{
 		{pods, func(o any) {
 			if p, ok := o.(*corev1.Pod); ok {
-				c.eng.SetPod(PodFrom(p))
+				c.setPod(p)
 			}
 		}, func(o any) {
 			if p, ok := o.(*corev1.Pod); ok {
+				delete(c.unverified, p.Namespace+"/"+p.Name)
 				c.eng.DeletePod(p.Namespace, p.Name)
 			}
 		}},
@@ -160,6 +175,32 @@ func compactPod(o any) (any, error) {
 		}
 	}
 	return c, nil
+}
+
+// setPod gives the engine pod p; c.mu is held. The address of a local
+// pod that comes from its annotation alone is dropped until VerifyAddr
+// confirms it (see Config.VerifyAddr).
+func (c *Controller) setPod(p *corev1.Pod) {
+	k := p.Namespace + "/" + p.Name
+	delete(c.unverified, k)
+	pp := PodFrom(p)
+	if pp.Node == c.cfg.NodeName && pp.IP.IsValid() && !statusHas(p, pp.IP) &&
+		(c.cfg.VerifyAddr == nil || !c.cfg.VerifyAddr(string(p.UID), pp.IP)) {
+		pp.IP = netip.Addr{}
+		c.unverified[k] = p
+	}
+	c.eng.SetPod(pp)
+}
+
+// statusHas reports whether ip is one of p's status.podIPs (the
+// kubelet's, which the pod's editors cannot write).
+func statusHas(p *corev1.Pod, ip netip.Addr) bool {
+	for _, s := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(s.IP); err == nil && a == ip {
+			return true
+		}
+	}
+	return false
 }
 
 // event applies f to the engine and wakes the sync loop.
@@ -337,19 +378,37 @@ func (c *Controller) wakeAll() {
 // ip are in the kernel (after the first full sync), or ctx ends. The CNI
 // ADD calls it before plugging the pod, so that a pod never sends or
 // receives a packet its policies forbid.
+//
+// While the pod's address awaits VerifyAddr's confirmation (the agent may
+// not have the pod's port yet), WaitPod asks again every 50 ms.
 func (c *Controller) WaitPod(ctx context.Context, namespace, name string, ip netip.Addr) error {
 	k := namespace + "/" + name
+	var w chan struct{}
 	for {
 		c.mu.Lock()
 		if c.ready && c.programmed[k] == ip {
 			c.mu.Unlock()
 			return nil
 		}
-		w := make(chan struct{})
-		c.waiters[k] = append(c.waiters[k], w)
+		if w == nil {
+			w = make(chan struct{})
+			c.waiters[k] = append(c.waiters[k], w)
+		}
+		p := c.unverified[k]
 		c.mu.Unlock()
+		var again <-chan time.Time
+		if p != nil {
+			c.event(func() {
+				if c.unverified[k] == p {
+					c.setPod(p)
+				}
+			})
+			again = time.After(50 * time.Millisecond)
+		}
 		select {
 		case <-w:
+			w = nil
+		case <-again:
 		case <-ctx.Done():
 			return fmt.Errorf("netpol: rules of pod %s (%v) not programmed: %w", k, ip, ctx.Err())
 		}

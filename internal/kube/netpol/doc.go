@@ -42,6 +42,16 @@
 // TestIncrementalEqualsScratch checks that the result always equals a
 // fresh computation.
 //
+// Trust: a pod's address is its status.podIPs (the kubelet's), or before
+// the kubelet reports it the kurma.dev/pod-networks annotation, which
+// anyone who may edit the pod can write. For a local pod the Controller
+// uses the annotation's address only once Config.VerifyAddr (the agent's
+// record of the pod's port) confirms it; until then the engine has the
+// pod without an address, and WaitPod asks again while an ADD waits.
+// Other nodes' pods take it as written, as peers: a forged one can only
+// widen what the policies of the pods that select it allow, towards an
+// address its writer chose.
+//
 // Locking: an Engine is not safe for concurrent use; the Controller
 // serialises it under its mutex.
 //
