@@ -41,13 +41,13 @@ func (at Attachment) owns(p *controllerapi.Port) error {
 }
 
 // PortHasAddr reports whether the agent's record of port portID (from
-// the controller) is bound to this host, is device deviceID of
-// deviceOwner, and has the fixed address ip. The NetworkPolicy
-// controller asks it before it trusts an address that a local pod has
-// only in its annotation, which the pod's editors can write.
+// the controller: a port of this host, or of a VPC it has ports in) is
+// device deviceID of deviceOwner and has the fixed address ip. The
+// NetworkPolicy controller asks it before it trusts an address that a pod
+// has only in its annotation, which the pod's editors can write.
 func (a *Agent) PortHasAddr(portID, deviceID, deviceOwner string, ip netip.Addr) bool {
 	p, ok := a.ports.get(portID)
-	if !ok || p.BindingHostID != a.cfg.HostID || p.DeviceID != deviceID || p.DeviceOwner != deviceOwner {
+	if !ok || p.DeviceID != deviceID || p.DeviceOwner != deviceOwner {
 		return false
 	}
 	for _, f := range p.FixedIPs {

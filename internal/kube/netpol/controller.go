@@ -39,13 +39,15 @@ type Config struct {
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
 	// VerifyAddr says whether ip is an address of the port made for the
-	// local pod with this UID, as the node's agent has it from the
-	// controller. A local pod whose address is known only from its
-	// kurma.dev/pod-networks annotation (before the kubelet reports
-	// status.podIPs) gets that address once VerifyAddr confirms it, not
-	// before: the pod's editors can write the annotation, and a forged
-	// one would put another pod's address under their policies. nil
-	// confirms nothing (such a pod waits for status.podIPs).
+	// pod with this UID, as the node's agent has it from the controller.
+	// A pod whose address is known only from its kurma.dev/pod-networks
+	// annotation (before the kubelet reports status.podIPs) gets that
+	// address once VerifyAddr confirms it, not before: the pod's editors
+	// can write the annotation, and a forged one would put another pod's
+	// address under their policies, or among the peers others' policies
+	// allow. Unconfirmed addresses are asked about again every
+	// recheckEvery (and every 50 ms for a pod whose ADD waits). nil
+	// confirms nothing (such pods wait for status.podIPs).
 	VerifyAddr func(podUID string, ip netip.Addr) bool
 }
 
@@ -68,9 +70,9 @@ type Controller struct {
 	waiters    map[string][]chan struct{}
 	ready      bool // the first full Sync is done
 	needFull   bool
-	// unverified: local pods whose annotation's address VerifyAddr has
-	// not confirmed (the engine has them without an address); WaitPod
-	// asks again while an ADD waits for one.
+	// unverified: pods whose annotation's address VerifyAddr has not
+	// confirmed (the engine has them without an address), asked about
+	// again by Run and, while an ADD waits for one, by WaitPod.
 	unverified map[string]*corev1.Pod
 }
 
@@ -177,19 +179,50 @@ func compactPod(o any) (any, error) {
 	return c, nil
 }
 
-// setPod gives the engine pod p; c.mu is held. The address of a local
-// pod that comes from its annotation alone is dropped until VerifyAddr
-// confirms it (see Config.VerifyAddr).
+// recheckEvery is how often Run asks VerifyAddr again about the
+// addresses it has not confirmed (a pod's annotation may arrive before
+// the agent has the pod's port).
+const recheckEvery = 200 * time.Millisecond
+
+// setPod gives the engine pod p; c.mu is held. The address of a pod that
+// comes from its annotation alone is dropped until VerifyAddr confirms it
+// (see Config.VerifyAddr).
 func (c *Controller) setPod(p *corev1.Pod) {
 	k := p.Namespace + "/" + p.Name
 	delete(c.unverified, k)
 	pp := PodFrom(p)
-	if pp.Node == c.cfg.NodeName && pp.IP.IsValid() && !statusHas(p, pp.IP) &&
+	if pp.IP.IsValid() && !statusHas(p, pp.IP) &&
 		(c.cfg.VerifyAddr == nil || !c.cfg.VerifyAddr(string(p.UID), pp.IP)) {
 		pp.IP = netip.Addr{}
 		c.unverified[k] = p
 	}
 	c.eng.SetPod(pp)
+}
+
+// recheck asks VerifyAddr again about every unconfirmed address; those
+// now confirmed reach the engine (and the next sync).
+func (c *Controller) recheck() {
+	if c.cfg.VerifyAddr == nil {
+		return
+	}
+	var ok []*corev1.Pod
+	c.mu.Lock()
+	for _, p := range c.unverified {
+		if c.cfg.VerifyAddr(string(p.UID), PodFrom(p).IP) {
+			ok = append(ok, p)
+		}
+	}
+	c.mu.Unlock()
+	if len(ok) == 0 {
+		return
+	}
+	c.event(func() {
+		for _, p := range ok {
+			if c.unverified[p.Namespace+"/"+p.Name] == p {
+				c.setPod(p)
+			}
+		}
+	})
 }
 
 // statusHas reports whether ip is one of p's status.podIPs (the
@@ -235,6 +268,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	resync := time.NewTicker(c.cfg.Resync)
 	defer resync.Stop()
+	recheck := time.NewTicker(recheckEvery)
+	defer recheck.Stop()
 	retry := time.Duration(0)
 	for {
 		var err error
@@ -266,6 +301,8 @@ func (c *Controller) Run(ctx context.Context) error {
 			c.mu.Lock()
 			c.needFull = true
 			c.mu.Unlock()
+		case <-recheck.C:
+			c.recheck()
 		}
 	}
 }

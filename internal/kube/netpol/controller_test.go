@@ -209,14 +209,28 @@ func TestAnnotationAddressVerified(t *testing.T) {
 			Labels: map[string]string{"app": "b"}, Annotations: map[string]string{podnet.Annotation: v}},
 			Spec: corev1.PodSpec{NodeName: node}}
 	}
+	remote := func(ns, name, uid, ip string) *corev1.Pod {
+		p := annotated(ns, name, uid, ip)
+		p.Spec.NodeName = "n2"
+		return p
+	}
 	var mu sync.Mutex
-	ports := map[string]string{"good": "10.0.0.7"} // uid -> its port's address, as the agent has it
+	// uid -> its port's address, as the agent has it
+	ports := map[string]string{"good": "10.0.0.7", "peer": "10.0.1.5"}
 	kc := fake.NewClientset(
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "b"}},
 		kpod("a", "victim", node, "10.0.0.1", map[string]string{"app": "web"}),
 		annotated("b", "forged", "evil", "10.0.0.1"),
 		annotated("b", "good", "good", "10.0.0.7"),
 		annotated("b", "late", "late", "10.0.0.8"),
+		// Peers on another node: one whose port has its address, one
+		// that names an address its port does not have.
+		remote("b", "peer", "peer", "10.0.1.5"),
+		remote("b", "forged-peer", "evil2", "10.0.1.99"),
+		remote("b", "late-peer", "latepeer", "10.0.1.6"),
+		kpod("a", "db", node, "10.0.0.2", map[string]string{"app": "db"}),
+		pol("a", "db", sel("app", "db"), networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: sel("app", "b")}}}}}),
 		// b isolates its own pods for ingress, allowing nothing.
 		pol("b", "deny", sel("app", "b"), networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}),
 	)
@@ -254,6 +268,15 @@ func TestAnnotationAddressVerified(t *testing.T) {
 	if r := dp.get("a/victim"); r == nil || r.Ingress.Isolated {
 		t.Fatalf("a/victim: %+v, want not isolated", r)
 	}
+	// a/db allows b's pods: the peer whose address is confirmed (and the
+	// local ones), never the address the forged peer names.
+	waitFor(t, "a/db's peers", func() bool {
+		r := dp.get("a/db")
+		return r != nil && r.Ingress.Isolated && strings.Contains(allows(r.Ingress), "10.0.1.5")
+	})
+	if got := allows(dp.get("a/db").Ingress); strings.Contains(got, "10.0.1.99") || strings.Contains(got, "10.0.0.1") {
+		t.Fatalf("a/db allows %q: a forged address among them", got)
+	}
 	sctx, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer scancel()
 	if err := c.WaitPod(sctx, "b", "forged", netip.MustParseAddr("10.0.0.1")); err == nil {
@@ -272,4 +295,12 @@ func TestAnnotationAddressVerified(t *testing.T) {
 	if r := dp.get("b/late"); r == nil || r.IP != netip.MustParseAddr("10.0.0.8") {
 		t.Fatalf("b/late after its port arrived: %+v", r)
 	}
+	// The same for a peer, without a waiting ADD: Run asks again.
+	mu.Lock()
+	ports["latepeer"] = "10.0.1.6"
+	mu.Unlock()
+	waitFor(t, "the late peer among a/db's", func() bool {
+		r := dp.get("a/db")
+		return r != nil && strings.Contains(allows(r.Ingress), "10.0.1.6")
+	})
 }
