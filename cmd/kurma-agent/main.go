@@ -36,6 +36,7 @@ import (
 	"kurma.dev/kurma/internal/kube/cnid"
 	"kurma.dev/kurma/internal/kube/cniwire"
 	"kurma.dev/kurma/internal/kube/netpol"
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/pkg/controllerapi"
 )
@@ -74,7 +75,7 @@ func run() error {
 		metricsAddr   = flag.String("metrics-listen", "127.0.0.1:9697", "address serving Prometheus /metrics and /healthz (empty: none)")
 		pprofOn       = flag.Bool("pprof", false, "also serve Go's /debug/pprof/ on --metrics-listen (profiles reveal internals: keep the listener local)")
 
-		closeWait     = flag.Duration("conntrack-tcp-timeout-close-wait", 0, "conntrack's timeout for TCP connections in CLOSE_WAIT in the host namespace (default: 1h with --k8s-node-name, as kube-proxy sets it; 0 leaves the kernel's)")
+		closeWait     = flag.Duration("conntrack-tcp-timeout-close-wait", 0, "conntrack's timeout for TCP connections in CLOSE_WAIT in the host namespace, set by the load-balancer path (--lb) (default: 1h with --k8s-node-name, as kube-proxy sets it; 0 leaves the kernel's)")
 		proxyHealthz  = flag.String("proxy-healthz-listen", "", "address answering as kube-proxy's health port, GET /healthz and /livez (default: 0.0.0.0:10256 with --k8s-node-name; \"none\": not served)")
 		proxyStatus   = flag.String("proxy-status-listen", "", "address answering as kube-proxy's status port, GET /proxyMode (default: 127.0.0.1:10249 with --k8s-node-name; \"none\": not served)")
 		k8sNode       = flag.String("k8s-node-name", "", "Kubernetes mode: this node's name (turns on the CNI daemon for the kurma-k8s driver)")
@@ -156,6 +157,10 @@ func run() error {
 		// timeout").
 		*closeWait = time.Hour
 	}
+	if !*lbEnable && *closeWait > 0 && flagGiven("conntrack-tcp-timeout-close-wait") {
+		// The load-balancer path, whose NAT needs it, writes it.
+		return fmt.Errorf("--conntrack-tcp-timeout-close-wait needs --lb")
+	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
 		if err != nil {
@@ -183,7 +188,6 @@ func run() error {
 	dp, err := datapath.New(ctx, datapath.Config{
 		Prefix: *prefix, UnderlayIP: ip, UnderlayDev: *underlayDev, MTU: *mtu,
 		NFTTable: *nftTable, Forwarding: *forwarding, AcceptMark: nfthost.AcceptMark, Logger: log,
-		ConntrackCloseWait: *closeWait,
 	})
 	if err != nil {
 		return err
@@ -195,7 +199,7 @@ func run() error {
 			*lbTable = *nftTable
 		}
 		cfg := lbpath.Config{Table: *lbTable, ExtIface: *extIface, AcceptMark: nfthost.AcceptMark, Logger: log,
-			BridgeGlob: dp.BridgeGlob(), Egress: *egress}
+			BridgeGlob: dp.BridgeGlob(), Egress: *egress, ConntrackCloseWait: *closeWait}
 		if cfg.NodeIP, err = netip.ParseAddr(*nodeIP); err != nil {
 			return fmt.Errorf("--node-ip %q: want an IPv4 address", *nodeIP)
 		}
@@ -255,7 +259,13 @@ func run() error {
 			return err
 		}
 		defer pp.Close()
-		npc, err := netpol.New(netpol.Config{Kube: kc, NodeName: *k8sNode, Datapath: policyPath{pp}, Logger: log, Metrics: reg})
+		// A local pod's address from its annotation counts once this
+		// agent's record of the pod's port has it (issue 25).
+		verify := func(uid string, ip netip.Addr) bool {
+			return a.PortHasAddr(podnet.PortID(uid), uid, podnet.PortOwner, ip)
+		}
+		npc, err := netpol.New(netpol.Config{Kube: kc, NodeName: *k8sNode, Datapath: policyPath{pp}, Logger: log, Metrics: reg,
+			VerifyAddr: verify})
 		if err != nil {
 			return err
 		}

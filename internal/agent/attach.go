@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -37,6 +38,24 @@ func (at Attachment) owns(p *controllerapi.Port) error {
 			p.ID, p.DeviceID, p.DeviceOwner, at.DeviceID, at.DeviceOwner)
 	}
 	return nil
+}
+
+// PortHasAddr reports whether the agent's record of port portID (from
+// the controller: a port of this host, or of a VPC it has ports in) is
+// device deviceID of deviceOwner and has the fixed address ip. The
+// NetworkPolicy controller asks it before it trusts an address that a pod
+// has only in its annotation, which the pod's editors can write.
+func (a *Agent) PortHasAddr(portID, deviceID, deviceOwner string, ip netip.Addr) bool {
+	p, ok := a.ports.get(portID)
+	if !ok || p.DeviceID != deviceID || p.DeviceOwner != deviceOwner {
+		return false
+	}
+	for _, f := range p.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && a == ip {
+			return true
+		}
+	}
+	return false
 }
 
 // plugResult is what a sync of a port did, for the callers of Attach and

@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -67,6 +69,37 @@ func TestAttachLocal(t *testing.T) {
 		t.Fatalf("eth0 after Attach: %s", out)
 	}
 	until("one UP", func() bool { return slices.Equal(fc.status("one"), []string{controllerapi.StatusUp}) })
+
+	// Issue 25's hijack, at the agent: a port attached to a live sandbox
+	// is not moved to another, nor handed to an attachment that names
+	// another device; it stays plugged where it is.
+	thief := nettest.NewNS(t, testutil.UniqueName("kagt"))
+	for _, at := range []Attachment{{NetNS: thief, IfName: "eth0"}, {NetNS: ns1, IfName: "eth0", DeviceID: "another-pod"}} {
+		if _, err := a.Attach(actx, "one", at); !errors.Is(err, ErrNotOwned) {
+			t.Fatalf("Attach of a port in a live sandbox to %+v: %v, want ErrNotOwned", at, err)
+		}
+	}
+	if got := nettest.Links(t, thief); !slices.Equal(got, []string{"lo"}) {
+		t.Fatalf("links of the refused sandbox: %v", got)
+	}
+	if out := nettest.IP(t, ns1, "-br", "addr", "show", "eth0"); !strings.Contains(out, "10.9.0.5/24") {
+		t.Fatalf("eth0 of the owner after the refused Attach: %s", out)
+	}
+	// The NetworkPolicy controller's check of an annotation's address.
+	for _, tc := range []struct {
+		port, device, owner, ip string
+		want                    bool
+	}{
+		{"one", "", "", "10.9.0.5", true},
+		{"one", "", "", "10.9.0.6", false},      // another address
+		{"one", "u1", "", "10.9.0.5", false},    // another device
+		{"one", "", "other", "10.9.0.5", false}, // another owner
+		{"nope", "", "", "10.9.0.5", false},     // no such port
+	} {
+		if got := a.PortHasAddr(tc.port, tc.device, tc.owner, netip.MustParseAddr(tc.ip)); got != tc.want {
+			t.Errorf("PortHasAddr(%q, %q, %q, %s) = %t, want %t", tc.port, tc.device, tc.owner, tc.ip, got, tc.want)
+		}
+	}
 
 	ns2 := nettest.NewNS(t, testutil.UniqueName("kagt"))
 	if _, err := a.Attach(actx, "two", Attachment{NetNS: ns2, IfName: "eth0"}); err != nil {

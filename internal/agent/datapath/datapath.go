@@ -7,9 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
@@ -118,11 +116,7 @@ type Config struct {
 	// Forwarding turns on IPv4/IPv6 forwarding in the host namespace (for
 	// routing between the subnets of one VPC).
 	Forwarding bool
-	// ConntrackCloseWait, when positive, is written (in whole seconds) to
-	// net.netfilter.nf_conntrack_tcp_timeout_close_wait in the host
-	// namespace, as kube-proxy's --conntrack-tcp-timeout-close-wait.
-	ConntrackCloseWait time.Duration
-	Logger             *slog.Logger
+	Logger     *slog.Logger
 }
 
 // Datapath is the netlink implementation of Interface.
@@ -232,15 +226,6 @@ func New(ctx context.Context, cfg Config) (_ *Datapath, retErr error) {
 		})
 		if err != nil {
 			return nil, fmt.Errorf("datapath: %w", err)
-		}
-	}
-	if cfg.ConntrackCloseWait > 0 {
-		secs := strconv.Itoa(int(cfg.ConntrackCloseWait.Round(time.Second) / time.Second))
-		err = d.inHost(func() error {
-			return os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait", []byte(secs), 0o644)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("datapath: conntrack close-wait timeout: %w", err)
 		}
 	}
 	if d.nft, err = nfthost.Knft(cfg.HostNS, knftables.InetFamily, cfg.NFTTable); err != nil {

@@ -236,7 +236,9 @@ func (p *Path) commit(ctx context.Context) error {
 	// by set into messages; one transaction unless the change is larger
 	// than nftbatch.TxOps (only a cold sync is).
 	err := nftbatch.Commit(p.w, ops,
-		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
+		func(o op) nftbatch.Key {
+			return nftbatch.Key{Set: p.gens.Set(int(o.e.set)), Order: int(o.e.set), Del: o.del}
+		},
 		func(o op) nftables.SetElement {
 			if o.del {
 				return nftables.SetElement{Key: []byte(o.e.key)}

@@ -1,10 +1,34 @@
 package lbpath
 
 import (
+	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
+	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"kurma.dev/kurma/internal/agent/nfthost"
 )
+
+// closeWaitSysctl is conntrack's timeout of TCP connections in
+// CLOSE_WAIT (per network namespace).
+const closeWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+
+// setCloseWait writes d, in whole seconds, to closeWaitSysctl in the
+// namespace at hostNS; d <= 0 leaves it alone.
+func setCloseWait(hostNS string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	secs := strconv.Itoa(int(max(d.Round(time.Second)/time.Second, 1)))
+	err := nfthost.InHost(hostNS, func() error { return os.WriteFile(closeWaitSysctl, []byte(secs), 0o644) })
+	if err != nil {
+		return fmt.Errorf("lbpath: conntrack close-wait timeout: %w", err)
+	}
+	return nil
+}
 
 // UDP has no connection to end: after a change of members, conntrack
 // keeps sending a client's datagrams to the member it first picked, gone

@@ -65,7 +65,9 @@
 //   - UDP flows that a member change leaves stale (to a member that
 //     left, or to a frontend that just got its first members) are deleted
 //     from conntrack after the transaction (conntrack.go), as kube-proxy
-//     does.
+//     does; New sets conntrack's CLOSE_WAIT timeout when asked
+//     (Config.ConntrackCloseWait, kube-proxy's 1 h in Kubernetes mode),
+//     since the kernel's 60 s drops the NAT of half-closed connections.
 //   - ServiceRoutes: a route through lo per range of VIPs the host must
 //     reach without a covering route; the output DNAT then re-routes.
 //
@@ -96,10 +98,11 @@
 // element, not even for an atomic moment.
 //
 // Above that size the data sets exist in two generations (services-a,
-// services-b, ...): Sync fills the unused generation from scratch over
-// netlink, then one nft transaction points the base chains at it and
-// deletes the other: traffic sees the old state or the new one, never a
-// mix, and nothing stale survives. Reading tens of thousands of elements
+// services-b, ...; nfthost.Generations names them and runs the switch):
+// Sync fills the unused generation from scratch over netlink, then one
+// nft transaction points the base chains at it and deletes the other:
+// traffic sees the old state or the new one, never a mix, and nothing
+// stale survives. Reading tens of thousands of elements
 // back (or letting nft load them, which `nft -f` and `nft list` do)
 // costs the kernel seconds; writing them costs less than one. Chains and
 // sets are listed through netlink for the same reason.

@@ -3,6 +3,7 @@ package lbpath
 import (
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/agent/nfthost"
 )
 
 // The host's address toward the outside namespace is its node address.
@@ -287,5 +289,42 @@ func TestLoopbackNodeIP(t *testing.T) {
 	name, from := whoFrom(t, tp.host, "10.0.0.11:8080")
 	if name != "m1" || strings.HasPrefix(from, "127.") {
 		t.Fatalf("host to the pod: reached %q from %q, want m1 from a non-loopback source", name, from)
+	}
+}
+
+// TestCloseWaitTimeout: New writes ConntrackCloseWait to conntrack's
+// CLOSE_WAIT timeout of the host namespace (the test's own; the sysctl
+// is per namespace), and leaves it alone when zero.
+func TestCloseWaitTimeout(t *testing.T) {
+	tp := newTopo(t)
+	read := func() string {
+		t.Helper()
+		var b []byte
+		err := nfthost.InHost(tp.host, func() error {
+			var err error
+			b, err = os.ReadFile(closeWaitSysctl)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{time.Hour, "3600"},
+		{0, "3600"}, // unchanged
+		{90 * time.Second, "90"},
+	} {
+		p, err := New(t.Context(), Config{HostNS: tp.host, Table: "lbt", ConntrackCloseWait: tc.d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = p.Close()
+		if got := read(); got != tc.want {
+			t.Fatalf("after New with %v: %s = %s, want %s", tc.d, closeWaitSysctl, got, tc.want)
+		}
 	}
 }

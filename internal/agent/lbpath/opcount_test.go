@@ -24,8 +24,8 @@ func TestApplyOpCounts(t *testing.T) {
 			ctx := t.Context()
 			rec := &nfthost.Recorder{}
 			p := barePath(Config{Table: "kop", Logger: slog.Default()})
-			p.nft, p.w, p.r, p.tbl = knftables.NewFake(knftables.InetFamily, "kop"), rec, rec, nfthost.Inet("kop")
-			p.useGen("a")
+			p.nft, p.w, p.r = knftables.NewFake(knftables.InetFamily, "kop"), rec, rec
+			p.setTable(nfthost.Inet("kop"))
 			if err := p.writeSkeleton(ctx, "a", ""); err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -76,7 +77,13 @@ type Config struct {
 	// (Kubernetes pods' egress). Without it only connections of load
 	// balancers and floating IPs cross a VPC bridge.
 	Egress bool
-	Logger *slog.Logger
+	// ConntrackCloseWait, when positive, is written (in whole seconds) to
+	// net.netfilter.nf_conntrack_tcp_timeout_close_wait in the host
+	// namespace, as kube-proxy's --conntrack-tcp-timeout-close-wait: the
+	// kernel's 60 s drops the NAT of a half-closed connection whose peer
+	// still sends.
+	ConntrackCloseWait time.Duration
+	Logger             *slog.Logger
 }
 
 // Path programs load balancers and floating IPs. It is safe for
@@ -90,7 +97,6 @@ type Path struct {
 	r      nfthost.Reader        // reads the kernel back: conn (tests: a nfthost.Recorder)
 	nlh    *netlink.Handle       // FIP routes
 	tbl    *nftables.Table
-	sets   [numSets]*nftables.Set
 	affSet *nftables.Set
 
 	mu       sync.Mutex // guards everything below
@@ -112,8 +118,10 @@ type Path struct {
 	// affinity map's key) whose affinity entries must go: their load
 	// balancer was deleted or its members changed.
 	affPurge map[string]bool
-	gen      string // generation of the sets the rules use ("a" or "b")
-	syncing  bool   // inside Sync: unused pick chains stay until the switch
+	// gens: the data sets, in the generation the rules use (the other
+	// one exists only while Sync rebuilds).
+	gens    *nfthost.Generations
+	syncing bool // inside Sync: unused pick chains stay until the switch
 }
 
 // op is one change of the kernel: an element (or route) to add with val,
@@ -211,6 +219,9 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 			p.Close()
 		}
 	}()
+	if err := setCloseWait(cfg.HostNS, cfg.ConntrackCloseWait); err != nil {
+		return nil, err
+	}
 	conn, err := nfthost.Open(cfg.HostNS)
 	if err != nil {
 		return nil, fmt.Errorf("lbpath: %w", err)
@@ -232,29 +243,17 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if err := p.ensureServiceRoutes(); err != nil {
 		return nil, err
 	}
-	p.tbl = nfthost.Inet(cfg.Table)
-	p.affSet = &nftables.Set{Table: p.tbl, Name: "affinity", IsMap: true, HasTimeout: true}
-	p.gen = "a"
-	// Which generation of sets is in use: through netlink, as nft would
-	// load every element first.
+	p.setTable(nfthost.Inet(cfg.Table))
 	tx := p.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	if err := p.runNft(ctx, tx); err != nil {
 		return nil, fmt.Errorf("lbpath: add table %s: %w", cfg.Table, err)
 	}
-	var maps []string
-	sets, err := p.r.GetSets(p.tbl)
-	if err != nil {
-		return nil, fmt.Errorf("lbpath: list sets: %w", err)
+	// Which generation of sets is in use.
+	if err := p.gens.Detect(p.r); err != nil {
+		return nil, fmt.Errorf("lbpath: %w", err)
 	}
-	for _, s := range sets {
-		maps = append(maps, s.Name)
-	}
-	if slices.Contains(maps, setName(setSvc, "b")) && !slices.Contains(maps, setName(setSvc, "a")) {
-		p.gen = "b"
-	}
-	p.useGen(p.gen)
-	if err := p.writeSkeleton(ctx, p.gen, ""); err != nil {
+	if err := p.writeSkeleton(ctx, p.gens.Current(), ""); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -57,7 +57,8 @@ func TestSyncConverges(t *testing.T) {
 	if c["services"] != 500 || c["backends"] != 999 || c["chains"] != 2 {
 		t.Fatalf("after restart sync: %v", c)
 	}
-	// Counts are the mirror; read the kernel through a third Path.
+	// Counts are p2's record of what it wrote; read the kernel back
+	// through a third Path.
 	p3 := newPath(t, tp, "")
 	if err := p3.readKernelLocked(t.Context()); err != nil {
 		t.Fatal(err)
@@ -81,12 +82,18 @@ func TestCheckDrift(t *testing.T) {
 	if err := p.Check(t.Context()); err != nil {
 		t.Fatalf("no drift yet: %v", err)
 	}
+	before := p.SetName("services")
 	testutil.Run(t, "ip", "netns", "exec", nettest.Name(tp.host), "nft", "delete", "table", "inet", "lbt")
 	if err := p.Check(t.Context()); !errors.Is(err, ErrDrift) {
 		t.Fatalf("want ErrDrift, got %v", err)
 	}
 	if err := p.Sync(t.Context(), st); err != nil {
 		t.Fatal(err)
+	}
+	// The sets could not be read back: Sync rebuilt them in the other
+	// generation (nfthost.Generations) and switched to it.
+	if after := p.SetName("services"); after == before {
+		t.Fatalf("services set %s after the rebuild, %s before: want the other generation", after, before)
 	}
 	if err := p.Check(t.Context()); err != nil {
 		t.Fatalf("after sync: %v", err)

@@ -18,51 +18,32 @@ import (
 	"kurma.dev/kurma/internal/agent/nfthost"
 )
 
-// setName is the name of set i in generation gen ("a" or "b"): Sync fills
-// the other generation and switches the rules to it in one transaction.
-func setName(i int, gen string) string { return setDefs[i].name + "-" + gen }
+// genDefs declares the data sets to nfthost.Generations, which keeps
+// them in two generations ("services-a", "services-b", ...): Sync fills
+// the unused one and switches the rules to it in one transaction.
+func genDefs() []nfthost.SetDef {
+	out := make([]nfthost.SetDef, len(setDefs))
+	for i, d := range setDefs {
+		out[i] = nfthost.SetDef{Name: d.name, IsMap: d.isMap, Decl: d.decl}
+	}
+	return out
+}
+
+// setTable sets the table this Path writes, its data sets' generations
+// (the current one "a", until New reads the kernel's) and the affinity
+// map.
+func (p *Path) setTable(tbl *nftables.Table) {
+	p.tbl = tbl
+	p.gens = nfthost.NewGenerations(tbl, genDefs())
+	p.affSet = &nftables.Set{Table: tbl, Name: "affinity", IsMap: true, HasTimeout: true}
+}
 
 // SetName is the current kernel name of one of the sets ("services",
 // "backends", ...).
 func (p *Path) SetName(base string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return base + "-" + p.gen
-}
-
-func (p *Path) useGen(gen string) {
-	p.gen = gen
-	for i, d := range setDefs {
-		p.sets[i] = &nftables.Set{Table: p.tbl, Name: setName(i, gen), IsMap: d.isMap}
-	}
-}
-
-func otherGen(g string) string {
-	if g == "a" {
-		return "b"
-	}
-	return "a"
-}
-
-// addSets adds the sets of generation gen to tx.
-func addSets(tx *knftables.Transaction, gen string) {
-	for _, o := range setObjects(gen) {
-		tx.Add(o)
-	}
-}
-
-// setObjects are the sets and maps of generation gen, with their types
-// (for Add; Flush and Delete need only the names).
-func setObjects(gen string) []knftables.Object {
-	out := make([]knftables.Object, 0, numSets)
-	for i, d := range setDefs {
-		if d.isMap {
-			out = append(out, &knftables.Map{Name: setName(i, gen), Type: d.decl})
-		} else {
-			out = append(out, &knftables.Set{Name: setName(i, gen), Type: d.decl})
-		}
-	}
-	return out
+	return base + "-" + p.gens.Current()
 }
 
 // writeSkeleton adds the table, its sets and base chains, and rewrites
@@ -86,7 +67,9 @@ func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 	}
 	tx := p.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
-	addSets(tx, gen)
+	for _, o := range p.gens.Objects(gen) {
+		tx.Add(o)
+	}
 	// Declared with types, not typeof: nft 1.0.6 fails to read back the
 	// typeof of some of these from the kernel when the table exists.
 	tx.Add(&knftables.Map{Name: "affinity", Type: "ipv4_addr . ipv4_addr . inet_proto . inet_service : mark",
@@ -131,10 +114,7 @@ func (p *Path) writeSkeleton(ctx context.Context, gen, drop string) error {
 		base(r.name, r.typ, r.hook, r.prio, r.rules...)
 	}
 	if drop != "" {
-		for _, o := range setObjects(drop) {
-			tx.Add(o) // deleting what a crash already removed fails
-			tx.Delete(o)
-		}
+		p.gens.Drop(tx, drop)
 	}
 	if err := p.runNft(ctx, tx); err != nil {
 		return fmt.Errorf("lbpath: write table %s: %w", p.cfg.Table, err)
@@ -249,7 +229,7 @@ var baseChains = []string{"select-member", "select-out", "nat-pre", "nat-out", "
 // node port on a node address. The first map that holds the packet's key
 // sets the class, whose pick chain sets the member index in the mark.
 func (p *Path) rules(gen string) []baseChain {
-	set := func(i int) string { return "@" + setName(i, gen) }
+	set := func(i int) string { return "@" + p.gens.Name(i, gen) }
 	ext := strconv.Quote(p.cfg.ExtIface)
 	svcTuple := "iifname . ip daddr . meta l4proto . th dport"
 	extTuple := "ip daddr . meta l4proto . th dport"

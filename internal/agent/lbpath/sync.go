@@ -56,31 +56,20 @@ func (p *Path) Sync(ctx context.Context, s State) error {
 	if err := p.read(ctx, false); err != nil {
 		return err
 	}
-	old, gen := p.gen, otherGen(p.gen)
 	// The skeleton first: someone may have deleted the table.
-	if err := p.writeSkeleton(ctx, old, ""); err != nil {
+	if err := p.writeSkeleton(ctx, p.gens.Current(), ""); err != nil {
 		return err
 	}
-	tx := p.nft.NewTransaction()
-	for _, o := range setObjects(gen) {
-		tx.Add(o)
-		tx.Flush(o)
+	fill := func() error {
+		for e := range p.els {
+			p.pending[e] = true
+		}
+		p.syncing = true
+		defer func() { p.syncing = false }()
+		return p.commit(ctx)
 	}
-	if err := p.runNft(ctx, tx); err != nil {
-		return fmt.Errorf("lbpath: prepare sets %s: %w", gen, err)
-	}
-	p.useGen(gen)
-	for e := range p.els {
-		p.pending[e] = true
-	}
-	p.syncing = true
-	err := p.commit(ctx)
-	p.syncing = false
-	if err == nil {
-		err = p.writeSkeleton(ctx, gen, old)
-	}
-	if err != nil {
-		p.useGen(old)
+	switchTo := func(gen, old string) error { return p.writeSkeleton(ctx, gen, old) }
+	if err := p.gens.Rebuild(ctx, p.nft.NewTransaction, p.runNft, fill, switchTo); err != nil {
 		return err
 	}
 	return p.afterSync(ctx)
@@ -99,7 +88,7 @@ func (p *Path) syncInPlace(ctx context.Context) error {
 	if err := p.read(ctx, true); err != nil {
 		return err
 	}
-	if err := p.writeSkeleton(ctx, p.gen, ""); err != nil {
+	if err := p.writeSkeleton(ctx, p.gens.Current(), ""); err != nil {
 		return err
 	}
 	for e := range p.els {
@@ -155,7 +144,7 @@ func (p *Path) read(ctx context.Context, elements bool) error {
 		if !elements {
 			break
 		}
-		els, err := p.r.GetSetElements(p.sets[s])
+		els, err := p.r.GetSetElements(p.gens.Set(s))
 		if err != nil {
 			return fmt.Errorf("lbpath: list %s: %w", setDefs[s].name, err)
 		}
@@ -275,14 +264,8 @@ func (p *Path) Check(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: list sets: %v", ErrDrift, err)
 	}
-	names := map[string]bool{}
-	for _, s := range sets {
-		names[s.Name] = true
-	}
-	for i := range setDefs {
-		if !names[setName(i, p.gen)] {
-			return fmt.Errorf("%w: set %s", ErrDrift, setName(i, p.gen))
-		}
+	if name := p.gens.Missing(sets); name != "" {
+		return fmt.Errorf("%w: set %s", ErrDrift, name)
 	}
 	return nil
 }

@@ -21,6 +21,16 @@ import (
 // Queue is the controller's work queue of keys.
 type Queue = workqueue.TypedRateLimitingInterface[string]
 
+// ErrWaiting marks (wrapped in a Sync's error) a sync that cannot finish
+// yet for a reason time resolves on its own, such as a deleted
+// namespace whose pods are still terminating. The key is retried with
+// backoff like any failed one, but logged at debug level until it has
+// been waiting for Config.WaitWarn.
+var ErrWaiting = errors.New("waiting")
+
+// DefaultWaitWarn is Config.WaitWarn's default.
+const DefaultWaitWarn = 5 * time.Minute
+
 // Config configures a Controller.
 type Config struct {
 	// Name names the queue, the leader election and log lines
@@ -56,6 +66,9 @@ type Config struct {
 	Logger *slog.Logger
 	// WrapQueue, when set, wraps the queue (tests watch it this way).
 	WrapQueue func(Queue) Queue
+	// WaitWarn is how long a key may keep failing with ErrWaiting before
+	// its retries are logged as warnings (default DefaultWaitWarn).
+	WaitWarn time.Duration
 }
 
 // Controller runs one queue, its workers and (optionally) a leader
@@ -70,6 +83,13 @@ type Controller struct {
 	leading     atomic.Bool  // this replica leads (lead runs)
 	setUp       atomic.Bool  // this leadership's Setup is done
 	lastSuccess atomic.Int64 // unix nanoseconds of the last successful sync, 0: none
+
+	now func() time.Time // the clock of waitingSince (tests set it)
+	// waitMu guards waitingSince: key -> the first of its current run of
+	// ErrWaiting results. A key leaves it at any other result, so it
+	// holds only keys being retried.
+	waitMu       sync.Mutex
+	waitingSince map[string]time.Time
 }
 
 // New checks cfg and builds the queue and metrics.
@@ -101,10 +121,13 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.KindOf == nil {
 		cfg.KindOf = func(string) string { return "key" }
 	}
+	if cfg.WaitWarn <= 0 {
+		cfg.WaitWarn = DefaultWaitWarn
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Controller{cfg: cfg, log: cfg.Logger}
+	c := &Controller{cfg: cfg, log: cfg.Logger, now: time.Now, waitingSince: map[string]time.Time{}}
 	c.q = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.NewTypedMaxOfRateLimiter(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](20*time.Millisecond, 30*time.Second),
@@ -225,21 +248,50 @@ func (c *Controller) process(ctx context.Context, key string) {
 	if ctx.Err() != nil {
 		// The leadership ended: whoever leads next syncs it.
 		c.q.Forget(key)
+		c.waited(key, nil)
 		return
 	}
 	start := time.Now()
 	err := c.cfg.Sync(ctx, key)
 	c.m.observe(c.cfg.KindOf(key), start, err)
+	waited := c.waited(key, err)
 	switch {
 	case err == nil:
 		c.lastSuccess.Store(time.Now().UnixNano())
 		c.q.Forget(key)
 	case ctx.Err() != nil:
 		c.q.Forget(key)
+		c.waited(key, nil)
+	case waited >= 0 && waited < c.cfg.WaitWarn:
+		c.log.Debug(c.cfg.Name+": sync waiting; retrying", "key", key, "err", err, "retries", c.q.NumRequeues(key), "waited", waited)
+		c.q.AddRateLimited(key)
 	default:
-		c.log.Warn(c.cfg.Name+": sync failed; retrying", "key", key, "err", err, "retries", c.q.NumRequeues(key))
+		args := []any{"key", key, "err", err, "retries", c.q.NumRequeues(key)}
+		if waited >= 0 {
+			args = append(args, "waited", waited)
+		}
+		c.log.Warn(c.cfg.Name+": sync failed; retrying", args...)
 		c.q.AddRateLimited(key)
 	}
+}
+
+// waited records the result err of key's sync and returns how long key
+// has been waiting (its syncs failing with ErrWaiting), or -1 when err is
+// not ErrWaiting.
+func (c *Controller) waited(key string, err error) time.Duration {
+	c.waitMu.Lock()
+	defer c.waitMu.Unlock()
+	if err == nil || !errors.Is(err, ErrWaiting) {
+		delete(c.waitingSince, key)
+		return -1
+	}
+	now := c.now()
+	since, ok := c.waitingSince[key]
+	if !ok {
+		c.waitingSince[key] = now
+		return 0
+	}
+	return now.Sub(since)
 }
 
 // Status is what Health reports.

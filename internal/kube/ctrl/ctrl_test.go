@@ -303,3 +303,100 @@ func TestLeaseStandby(t *testing.T) {
 		t.Fatalf("standby status %v, synced %v", s, recB.calls)
 	}
 }
+
+// levelLog collects the levels and messages of the records logged.
+type levelLog struct {
+	mu   sync.Mutex
+	recs []string
+}
+
+func (l *levelLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *levelLog) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r.Level.String()+" "+r.Message)
+	return nil
+}
+func (l *levelLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *levelLog) WithGroup(string) slog.Handler      { return l }
+
+func (l *levelLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.recs
+	l.recs = nil
+	return out
+}
+
+// TestWaitingLoggedAtDebug: a key whose sync keeps failing with
+// ErrWaiting is retried, logged at debug level until it has waited
+// WaitWarn and as a warning after; another failure is a warning at once,
+// and a success or another failure starts the wait over.
+func TestWaitingLoggedAtDebug(t *testing.T) {
+	type step struct {
+		err     error
+		advance time.Duration // the clock moves before the sync
+		want    string        // the record logged, "" for none
+	}
+	wait := fmt.Errorf("namespace a: subnet ns-1 still has ports: %w", ErrWaiting)
+	other := errors.New("controller down")
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"waiting, then over the bound", []step{
+			{wait, 0, "DEBUG t: sync waiting; retrying"},
+			{wait, 4 * time.Minute, "DEBUG t: sync waiting; retrying"},
+			{wait, 59 * time.Second, "DEBUG t: sync waiting; retrying"},
+			{wait, time.Second, "WARN t: sync failed; retrying"},
+			{wait, time.Minute, "WARN t: sync failed; retrying"},
+			{nil, 0, ""},
+		}},
+		{"a success starts the wait over", []step{
+			{wait, 0, "DEBUG t: sync waiting; retrying"},
+			{wait, 4 * time.Minute, "DEBUG t: sync waiting; retrying"},
+			{nil, 0, ""},
+			{wait, 4 * time.Minute, "DEBUG t: sync waiting; retrying"},
+			{wait, 4 * time.Minute, "DEBUG t: sync waiting; retrying"},
+		}},
+		{"other failures warn at once", []step{
+			{other, 0, "WARN t: sync failed; retrying"},
+			{wait, 0, "DEBUG t: sync waiting; retrying"},
+			{other, 10 * time.Minute, "WARN t: sync failed; retrying"},
+			{wait, time.Minute, "DEBUG t: sync waiting; retrying"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := &levelLog{}
+			var next error
+			c, err := New(Config{Name: "t", Logger: slog.New(log), Sync: func(context.Context, string) error { return next }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.q.ShutDown)
+			clock := time.Unix(1e9, 0)
+			c.now = func() time.Time { return clock }
+			for i, s := range tc.steps {
+				clock = clock.Add(s.advance)
+				next = s.err
+				c.q.Forget("k") // the retry's backoff: the test does not wait for it
+				c.q.Add("k")
+				k, _ := c.q.Get()
+				c.process(t.Context(), k)
+				var want []string
+				if s.want != "" {
+					want = []string{s.want}
+				}
+				if got := log.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d (%v after %v): logged %q, want %q", i, s.err, s.advance, got, want)
+				}
+			}
+			c.waitMu.Lock()
+			_, left := c.waitingSince["k"]
+			c.waitMu.Unlock()
+			if want := tc.steps[len(tc.steps)-1].err == wait; left != want {
+				t.Fatalf("k recorded as waiting: %t, want %t", left, want)
+			}
+		})
+	}
+}

@@ -16,7 +16,11 @@
 //     (per-key exponential backoff from 20 ms to 30 s, under an overall
 //     token bucket); the queue never hands one key to two workers at
 //     once, a failed key is queued again with its backoff, a synced one
-//     is forgotten. Once the leadership's context has ended, workers drop
+//     is forgotten. A sync that fails with ErrWaiting (an expected wait,
+//     such as a namespace whose pods are still terminating) is retried
+//     the same way but logged at debug level until it has waited
+//     Config.WaitWarn (5 minutes), then as a warning like any failure.
+//     Once the leadership's context has ended, workers drop
 //     the keys still queued without syncing them, so a replica that lost
 //     its lease writes nothing more;
 //   - Config.ResyncKey, when set, is queued every Config.Resync;
@@ -28,7 +32,8 @@
 // What is reconciled (keys, Sync, Setup) stays with the caller: handlers
 // only enqueue keys with Queue, Sync reads listers by level.
 //
-// Locking: the scaffold's state is atomics; it holds no lock across Sync.
+// Locking: the scaffold's state is atomics, and waitMu for the start
+// times of waiting keys; it holds no lock across Sync.
 //
 // Must not import: `kurma.dev/kurma/internal/...` (except
 // `kurma.dev/kurma/internal/kube/leader`).

@@ -19,7 +19,9 @@ var ErrLost = errors.New("lost the leader lease")
 // Lease names the Lease object and the timings of the election.
 type Lease struct {
 	Namespace, Name string
-	// Identity names this replica (default: the hostname).
+	// Identity names this replica; required (Run applies no default:
+	// kurma-k8s-watcher takes --identity, else $POD_NAME, else the
+	// hostname).
 	Identity string
 	// Duration, RenewDeadline and RetryPeriod are client-go's; Run uses
 	// 12s, 8s and 2s for those left zero, so a dead leader is replaced

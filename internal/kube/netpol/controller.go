@@ -38,6 +38,17 @@ type Config struct {
 	Resync  time.Duration
 	Logger  *slog.Logger
 	Metrics prometheus.Registerer
+	// VerifyAddr says whether ip is an address of the port made for the
+	// pod with this UID, as the node's agent has it from the controller.
+	// A pod whose address is known only from its kurma.dev/pod-networks
+	// annotation (before the kubelet reports status.podIPs) gets that
+	// address once VerifyAddr confirms it, not before: the pod's editors
+	// can write the annotation, and a forged one would put another pod's
+	// address under their policies, or among the peers others' policies
+	// allow. Unconfirmed addresses are asked about again every
+	// recheckEvery (and every 50 ms for a pod whose ADD waits). nil
+	// confirms nothing (such pods wait for status.podIPs).
+	VerifyAddr func(podUID string, ip netip.Addr) bool
 }
 
 // Controller watches pods, namespaces and NetworkPolicies, keeps an
@@ -59,6 +70,10 @@ type Controller struct {
 	waiters    map[string][]chan struct{}
 	ready      bool // the first full Sync is done
 	needFull   bool
+	// unverified: pods whose annotation's address VerifyAddr has not
+	// confirmed (the engine has them without an address), asked about
+	// again by Run and, while an ADD waits for one, by WaitPod.
+	unverified map[string]*corev1.Pod
 }
 
 // New builds the watches (started by Run).
@@ -73,7 +88,8 @@ func New(cfg Config) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Metrics), kick: make(chan struct{}, 1),
-		eng: NewEngine(cfg.NodeName), programmed: map[string]netip.Addr{}, waiters: map[string][]chan struct{}{}}
+		eng: NewEngine(cfg.NodeName), programmed: map[string]netip.Addr{}, waiters: map[string][]chan struct{}{},
+		unverified: map[string]*corev1.Pod{}}
 	c.fac = informers.NewSharedInformerFactory(cfg.Kube, 0)
 	pods := c.fac.Core().V1().Pods().Informer()
 	if err := pods.SetTransform(compactPod); err != nil {
@@ -86,10 +102,11 @@ func New(cfg Config) (*Controller, error) {
 	}{
 		{pods, func(o any) {
 			if p, ok := o.(*corev1.Pod); ok {
-				c.eng.SetPod(PodFrom(p))
+				c.setPod(p)
 			}
 		}, func(o any) {
 			if p, ok := o.(*corev1.Pod); ok {
+				delete(c.unverified, p.Namespace+"/"+p.Name)
 				c.eng.DeletePod(p.Namespace, p.Name)
 			}
 		}},
@@ -162,6 +179,63 @@ func compactPod(o any) (any, error) {
 	return c, nil
 }
 
+// recheckEvery is how often Run asks VerifyAddr again about the
+// addresses it has not confirmed (a pod's annotation may arrive before
+// the agent has the pod's port).
+const recheckEvery = 200 * time.Millisecond
+
+// setPod gives the engine pod p; c.mu is held. The address of a pod that
+// comes from its annotation alone is dropped until VerifyAddr confirms it
+// (see Config.VerifyAddr).
+func (c *Controller) setPod(p *corev1.Pod) {
+	k := p.Namespace + "/" + p.Name
+	delete(c.unverified, k)
+	pp := PodFrom(p)
+	if pp.IP.IsValid() && !statusHas(p, pp.IP) &&
+		(c.cfg.VerifyAddr == nil || !c.cfg.VerifyAddr(string(p.UID), pp.IP)) {
+		pp.IP = netip.Addr{}
+		c.unverified[k] = p
+	}
+	c.eng.SetPod(pp)
+}
+
+// recheck asks VerifyAddr again about every unconfirmed address; those
+// now confirmed reach the engine (and the next sync).
+func (c *Controller) recheck() {
+	if c.cfg.VerifyAddr == nil {
+		return
+	}
+	var ok []*corev1.Pod
+	c.mu.Lock()
+	for _, p := range c.unverified {
+		if c.cfg.VerifyAddr(string(p.UID), PodFrom(p).IP) {
+			ok = append(ok, p)
+		}
+	}
+	c.mu.Unlock()
+	if len(ok) == 0 {
+		return
+	}
+	c.event(func() {
+		for _, p := range ok {
+			if c.unverified[p.Namespace+"/"+p.Name] == p {
+				c.setPod(p)
+			}
+		}
+	})
+}
+
+// statusHas reports whether ip is one of p's status.podIPs (the
+// kubelet's, which the pod's editors cannot write).
+func statusHas(p *corev1.Pod, ip netip.Addr) bool {
+	for _, s := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(s.IP); err == nil && a == ip {
+			return true
+		}
+	}
+	return false
+}
+
 // event applies f to the engine and wakes the sync loop.
 func (c *Controller) event(f func()) {
 	t := time.Now() // the handler's own work (and wait) counts in the lag
@@ -194,6 +268,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	resync := time.NewTicker(c.cfg.Resync)
 	defer resync.Stop()
+	recheck := time.NewTicker(recheckEvery)
+	defer recheck.Stop()
 	retry := time.Duration(0)
 	for {
 		var err error
@@ -225,6 +301,8 @@ func (c *Controller) Run(ctx context.Context) error {
 			c.mu.Lock()
 			c.needFull = true
 			c.mu.Unlock()
+		case <-recheck.C:
+			c.recheck()
 		}
 	}
 }
@@ -337,19 +415,37 @@ func (c *Controller) wakeAll() {
 // ip are in the kernel (after the first full sync), or ctx ends. The CNI
 // ADD calls it before plugging the pod, so that a pod never sends or
 // receives a packet its policies forbid.
+//
+// While the pod's address awaits VerifyAddr's confirmation (the agent may
+// not have the pod's port yet), WaitPod asks again every 50 ms.
 func (c *Controller) WaitPod(ctx context.Context, namespace, name string, ip netip.Addr) error {
 	k := namespace + "/" + name
+	var w chan struct{}
 	for {
 		c.mu.Lock()
 		if c.ready && c.programmed[k] == ip {
 			c.mu.Unlock()
 			return nil
 		}
-		w := make(chan struct{})
-		c.waiters[k] = append(c.waiters[k], w)
+		if w == nil {
+			w = make(chan struct{})
+			c.waiters[k] = append(c.waiters[k], w)
+		}
+		p := c.unverified[k]
 		c.mu.Unlock()
+		var again <-chan time.Time
+		if p != nil {
+			c.event(func() {
+				if c.unverified[k] == p {
+					c.setPod(p)
+				}
+			})
+			again = time.After(50 * time.Millisecond)
+		}
 		select {
 		case <-w:
+			w = nil
+		case <-again:
 		case <-ctx.Done():
 			return fmt.Errorf("netpol: rules of pod %s (%v) not programmed: %w", k, ip, ctx.Err())
 		}

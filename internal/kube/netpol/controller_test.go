@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,9 +13,12 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"kurma.dev/kurma/internal/kube/podnet"
 )
 
 // fakeDP records what the controller programs.
@@ -185,4 +189,118 @@ func TestFirstSyncSeesEverything(t *testing.T) {
 	if len(dp.state) != 500 || isolated != 500 {
 		t.Fatalf("first sync: %d pods, %d isolated; want 500, 500", len(dp.state), isolated)
 	}
+}
+
+// TestAnnotationAddressVerified is issue 25's hijack class in
+// NetworkPolicy: a local pod whose address is known only from its
+// annotation, which its editors can write, gets that address only once
+// Config.VerifyAddr (the agent's record of the pod's port) confirms it.
+// A pod of namespace b that names the address of a pod of namespace a
+// and isolates itself would otherwise isolate a's pod (every packet to it
+// dropped) under b's policy.
+func TestAnnotationAddressVerified(t *testing.T) {
+	annotated := func(ns, name, uid, ip string) *corev1.Pod {
+		v, err := podnet.Encode(podnet.Networks{podnet.DefaultNetwork: podnet.Network{PortID: podnet.PortID(uid),
+			ProjectID: "k8s", SubnetID: "s", MAC: "02:00:00:00:00:09", IPs: []string{ip + "/24"}, PodUID: uid, HostID: node}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid),
+			Labels: map[string]string{"app": "b"}, Annotations: map[string]string{podnet.Annotation: v}},
+			Spec: corev1.PodSpec{NodeName: node}}
+	}
+	remote := func(ns, name, uid, ip string) *corev1.Pod {
+		p := annotated(ns, name, uid, ip)
+		p.Spec.NodeName = "n2"
+		return p
+	}
+	var mu sync.Mutex
+	// uid -> its port's address, as the agent has it
+	ports := map[string]string{"good": "10.0.0.7", "peer": "10.0.1.5"}
+	kc := fake.NewClientset(
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "b"}},
+		kpod("a", "victim", node, "10.0.0.1", map[string]string{"app": "web"}),
+		annotated("b", "forged", "evil", "10.0.0.1"),
+		annotated("b", "good", "good", "10.0.0.7"),
+		annotated("b", "late", "late", "10.0.0.8"),
+		// Peers on another node: one whose port has its address, one
+		// that names an address its port does not have.
+		remote("b", "peer", "peer", "10.0.1.5"),
+		remote("b", "forged-peer", "evil2", "10.0.1.99"),
+		remote("b", "late-peer", "latepeer", "10.0.1.6"),
+		kpod("a", "db", node, "10.0.0.2", map[string]string{"app": "db"}),
+		pol("a", "db", sel("app", "db"), networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: sel("app", "b")}}}}}),
+		// b isolates its own pods for ingress, allowing nothing.
+		pol("b", "deny", sel("app", "b"), networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}),
+	)
+	dp := &fakeDP{state: map[string]*Rules{}}
+	c, err := New(Config{Kube: kc, NodeName: node, Datapath: dp, VerifyAddr: func(uid string, ip netip.Addr) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return ports[uid] == ip.String()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	for _, p := range []struct{ key, ip string }{{"a/victim", "10.0.0.1"}, {"b/good", "10.0.0.7"}} {
+		ns, name, _ := strings.Cut(p.key, "/")
+		if err := c.WaitPod(wctx, ns, name, netip.MustParseAddr(p.ip)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := dp.get("b/good"); r == nil || r.IP != netip.MustParseAddr("10.0.0.7") || !r.Ingress.Isolated {
+		t.Fatalf("b/good (address confirmed): %+v", r)
+	}
+	dp.mu.Lock()
+	for k, r := range dp.state {
+		if r.IP == netip.MustParseAddr("10.0.0.1") && k != "a/victim" {
+			t.Errorf("%s programmed with a/victim's address: %+v", k, r)
+		}
+	}
+	dp.mu.Unlock()
+	if r := dp.get("a/victim"); r == nil || r.Ingress.Isolated {
+		t.Fatalf("a/victim: %+v, want not isolated", r)
+	}
+	// a/db allows b's pods: the peer whose address is confirmed (and the
+	// local ones), never the address the forged peer names.
+	waitFor(t, "a/db's peers", func() bool {
+		r := dp.get("a/db")
+		return r != nil && r.Ingress.Isolated && strings.Contains(allows(r.Ingress), "10.0.1.5")
+	})
+	if got := allows(dp.get("a/db").Ingress); strings.Contains(got, "10.0.1.99") || strings.Contains(got, "10.0.0.1") {
+		t.Fatalf("a/db allows %q: a forged address among them", got)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer scancel()
+	if err := c.WaitPod(sctx, "b", "forged", netip.MustParseAddr("10.0.0.1")); err == nil {
+		t.Fatal("WaitPod of the forged address succeeded")
+	}
+	// The agent learns of a pod's port after the pod's ADD began waiting:
+	// the wait asks again and ends once the address is confirmed.
+	waited := make(chan error, 1)
+	go func() { waited <- c.WaitPod(wctx, "b", "late", netip.MustParseAddr("10.0.0.8")) }()
+	mu.Lock()
+	ports["late"] = "10.0.0.8"
+	mu.Unlock()
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if r := dp.get("b/late"); r == nil || r.IP != netip.MustParseAddr("10.0.0.8") {
+		t.Fatalf("b/late after its port arrived: %+v", r)
+	}
+	// The same for a peer, without a waiting ADD: Run asks again.
+	mu.Lock()
+	ports["latepeer"] = "10.0.1.6"
+	mu.Unlock()
+	waitFor(t, "the late peer among a/db's", func() bool {
+		r := dp.get("a/db")
+		return r != nil && strings.Contains(allows(r.Ingress), "10.0.1.6")
+	})
 }

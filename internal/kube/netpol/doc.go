@@ -42,6 +42,15 @@
 // TestIncrementalEqualsScratch checks that the result always equals a
 // fresh computation.
 //
+// Trust: a pod's address is its status.podIPs (the kubelet's), or before
+// the kubelet reports it the kurma.dev/pod-networks annotation, which
+// anyone who may edit the pod can write. The Controller uses the
+// annotation's address only once Config.VerifyAddr (the agent's record
+// of the pod's port, from the controller) confirms it; until then the
+// engine has the pod without an address (neither selected nor a peer),
+// Run asks again every 200 ms, and WaitPod every 50 ms while an ADD
+// waits.
+//
 // Locking: an Engine is not safe for concurrent use; the Controller
 // serialises it under its mutex.
 //

@@ -2,6 +2,7 @@ package podports
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -454,6 +455,63 @@ func TestSubnetRemovedElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPort("u2")
+}
+
+// TestDeletedNamespaceWaitsForPods: the subnet of a namespace deleted
+// while its pods still hold ports stays, and its sync fails with
+// ctrl.ErrWaiting (retried, logged at debug level: the pods are
+// terminating), not as a failure; once the pods are gone it goes.
+func TestDeletedNamespaceWaitsForPods(t *testing.T) {
+	e := startFake(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, testNS("ns", "nsuid"),
+		testPod("ns", "p", "u1", "n1"))
+	e.run()
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.fc.hasPort(PortID("u1")) {
+		if time.Now().After(deadline) {
+			t.Fatal("no port for p within 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.waitIdle()
+	// The fake clientset deletes the namespace at once and leaves its pod,
+	// as a namespace whose pods are still terminating looks to the watcher.
+	if err := e.kube.CoreV1().Namespaces().Delete(context.Background(), "ns", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for _, err := e.w.nss.Get("ns"); err == nil; _, err = e.w.nss.Get("ns") {
+		if time.Now().After(deadline) {
+			t.Fatal("deleted namespace still in the cache after 20s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	err := e.w.syncNamespace(t.Context(), "ns")
+	if !errors.Is(err, ctrl.ErrWaiting) || !errors.Is(err, kerrors.Conflict) {
+		t.Fatalf("sync of a deleted namespace with a live pod: %v; want ErrWaiting and Conflict", err)
+	}
+	e.fc.mu.Lock()
+	n := len(e.fc.subnets)
+	e.fc.mu.Unlock()
+	if n != 1 || !e.fc.hasPort(PortID("u1")) {
+		t.Fatalf("%d subnets, port %t; want the subnet and the port kept", n, e.fc.hasPort(PortID("u1")))
+	}
+	if err := e.kube.CoreV1().Pods("ns").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		e.w.q.Add("n/ns") // as the resync does (the retry's backoff may be longer)
+		e.waitEvent("sync of the namespace", func(ev string) bool { return ev == "done n/ns" })
+		e.fc.mu.Lock()
+		n := len(e.fc.subnets)
+		e.fc.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("subnet of the deleted namespace still there 20s after its pod went")
+		}
+	}
 }
 
 // TestCompactPod: the pod cache keeps what the watcher reads, nothing

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
+	"kurma.dev/kurma/internal/kube/ctrl"
 	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
@@ -408,7 +409,9 @@ func (w *Watcher) syncNamespace(ctx context.Context, name string) error {
 			w.log.Info("namespace subnet deleted", "namespace", name, "subnet", s.ID, "cidr", s.CIDR)
 		case errors.Is(err, kerrors.NotFound):
 		case errors.Is(err, kerrors.Conflict):
-			busy = fmt.Errorf("namespace %s: subnet %s still has ports: %w", name, s.ID, err)
+			// Its pods are still terminating: an expected wait, logged
+			// at debug level unless it lasts (ctrl.ErrWaiting).
+			busy = fmt.Errorf("namespace %s: subnet %s still has ports: %w (%w)", name, s.ID, err, ctrl.ErrWaiting)
 		default:
 			return fmt.Errorf("namespace %s: delete subnet %s: %w", name, s.ID, err)
 		}

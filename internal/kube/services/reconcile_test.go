@@ -16,6 +16,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -35,10 +36,12 @@ type fakeLBController struct {
 	taken map[string]bool // floating addresses held by others
 	calls []string
 	next  int
+	lists map[string]int // listings by kind: "subnets", "lbs", "fips"
 }
 
 func newFakeLBController() *fakeLBController {
 	return &fakeLBController{lbs: map[string]capi.LoadBalancer{}, fips: map[string]capi.FloatingIP{}, taken: map[string]bool{},
+		lists: map[string]int{},
 		sns: map[string]capi.Subnet{"k8s-services": {ID: "k8s-services", NetworkID: "k8s-pods", CIDR: "10.96.0.0/15",
 			Purpose: capi.SubnetPurposeService}}}
 }
@@ -78,6 +81,7 @@ func (f *fakeLBController) CreateSubnet(_ context.Context, _ string, s capi.Subn
 func (f *fakeLBController) ListSubnets(_ context.Context, _, vpc string) ([]capi.Subnet, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lists["subnets"]++
 	var out []capi.Subnet
 	for _, sn := range f.sns {
 		if sn.NetworkID == vpc {
@@ -106,6 +110,7 @@ func (f *fakeLBController) DeleteSubnet(_ context.Context, _, id string) error {
 }
 func (f *fakeLBController) EachLoadBalancer(_ context.Context, _ string, fn func(*capi.LoadBalancer) error) error {
 	f.mu.Lock()
+	f.lists["lbs"]++
 	var all []capi.LoadBalancer
 	for _, lb := range f.lbs {
 		all = append(all, lb)
@@ -199,6 +204,7 @@ func (f *fakeLBController) GetExternalNetwork(context.Context, string) (*capi.Ex
 func (f *fakeLBController) ListFloatingIPs(context.Context, string) ([]capi.FloatingIP, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lists["fips"]++
 	var out []capi.FloatingIP
 	for _, fip := range f.fips {
 		out = append(out, fip)
@@ -605,5 +611,39 @@ func TestServiceCIDR(t *testing.T) {
 	}
 	if got, want := e.fc.takeCalls(), []string{"delete-subnet k8s-servicecidr-gone"}; !slices.Equal(got, want) {
 		t.Fatalf("resync with an orphan subnet: calls %v, want %v", got, want)
+	}
+}
+
+// TestResyncListsOnce: a resync lists subnets, load balancers and
+// floating IPs once each, whatever the number of Services and
+// ServiceCIDRs (no listing per Service, namespace or range).
+func TestResyncListsOnce(t *testing.T) {
+	e := newSyncEnv(t, true)
+	ctx := t.Context()
+	for i := range 3 {
+		sc := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("extra%d", i)},
+			Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{fmt.Sprintf("198.51.%d.0/24", 100+i)}}}
+		if err := e.r.cidrInf.GetStore().Add(sc); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.r.syncCIDR(ctx, sc.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 40 {
+		s := svcOf(fmt.Sprintf("10.96.1.%d", i), sp("http", corev1.ProtocolTCP, 80, intstr.FromInt32(8080)))
+		s.Namespace, s.Name, s.UID = fmt.Sprintf("ns%d", i%10), fmt.Sprintf("web%d", i), types.UID(fmt.Sprintf("u%d", i))
+		e.putService(s)
+	}
+	e.fc.mu.Lock()
+	clear(e.fc.lists)
+	e.fc.mu.Unlock()
+	if err := e.r.resync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.fc.mu.Lock()
+	defer e.fc.mu.Unlock()
+	if want := map[string]int{"subnets": 1, "lbs": 1, "fips": 1}; fmt.Sprint(e.fc.lists) != fmt.Sprint(want) {
+		t.Fatalf("a resync of 40 Services in 10 namespaces and 3 ServiceCIDRs listed %v, want %v", e.fc.lists, want)
 	}
 }
