@@ -17,9 +17,15 @@
 //	(d) peak RSS (VmHWM) of the policy process;
 //	(e) TCP connect latency (p50/p99 of 2,000) and one stream's
 //	    throughput through an allowed path (conn.go), against the same
-//	    path with no policy at all, measured first in the same run.
+//	    path with no policy at all, measured first in the same run; and,
+//	    fairer on a machine whose load drifts, alternated in the same
+//	    state, 4 rounds each: the server pod selected by its policies,
+//	    and selected by none (relabelled: the path then meets exactly
+//	    what it meets with no policy).
 //
-// Each sample of (b) and (c) is printed in write order. The kernel is read
+// Each sample of (b) and (c) is printed in write order, and traced
+// (trace.go): the write, a plain watch's event, the policy process's
+// own stamps (watch event decoded, handler, compute, apply), the read. The kernel is read
 // back with one netlink element lookup (no dump). The policy process is
 // this binary with -child, run inside the cluster's network namespace (the
 // API server listens there), programming its own table there. Peer
