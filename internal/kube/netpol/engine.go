@@ -133,13 +133,44 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		if ls == nil {
 			ls = map[string]*localRef{}
 		}
-		for pk, pol := range pks {
-			locals := e.polLocal[pk]
-			if len(locals) == 0 {
-				continue
-			}
-			e.peerChanged(ls, pol, locals, old, cur, mOld, mCur)
+		e.peersChanged(ls, pks, old, cur, mOld, mCur)
+	}
+}
+
+// shapeLocal is a local pod and the shape of policies selecting it.
+type shapeLocal struct{ shape, local string }
+
+// peersChanged applies peer x's change (old to cur, whose matches are
+// mOld and mCur) to the local pods of the policies pks (of one peer
+// signature), as deltas where their contributions are current. The
+// policies of one shape (the same ports too) contribute alike to a local
+// pod, so each local pod gets one delta per shape, weighted by how many
+// of the shape's policies select it, instead of one per policy: the
+// allows and counts touched scale with the distinct shapes, not with
+// the policies naming the peer.
+func (e *Engine) peersChanged(ls map[string]*localRef, pks map[string]*policy, old, cur *Pod, mOld, mCur *peerMatch) {
+	weight := map[shapeLocal]int32{}
+	rep := map[string]*policy{}
+	for pk, pol := range pks {
+		locals := e.polLocal[pk]
+		if len(locals) == 0 {
+			continue
 		}
+		rep[pol.shape] = pol
+		for l := range locals {
+			weight[shapeLocal{pol.shape, l}]++
+		}
+	}
+	for k, w := range weight {
+		r := e.ref(ls, k.local)
+		if r.c == nil {
+			continue // recomputed by the next Compute
+		}
+		// The local pod's rules are current but for this peer: take its
+		// old contributions out and put the new ones in.
+		pol := rep[k.shape]
+		e.peerDelta(r.c, pol, r.pod, old, mOld, -w)
+		e.peerDelta(r.c, pol, r.pod, cur, mCur, w)
 	}
 }
 
@@ -209,22 +240,6 @@ func (m *peerMatch) equal(o *peerMatch) bool {
 // and named ports: all a peer's allows depend on besides its matches.
 func sameAddrPorts(a, b *Pod) bool {
 	return a.active() && b.active() && a.IP == b.IP && slices.Equal(a.Ports, b.Ports)
-}
-
-// peerChanged applies peer x's change (old to cur, whose matches are
-// mOld and mCur) to the local pods of pol: as a delta when their
-// contributions are current.
-func (e *Engine) peerChanged(ls map[string]*localRef, pol *policy, locals map[string]bool, old, cur *Pod, mOld, mCur *peerMatch) {
-	for l := range locals {
-		r := e.ref(ls, l)
-		if r.c == nil {
-			continue // recomputed by the next Compute
-		}
-		// The local pod's rules are current but for this peer: take its
-		// old contributions out and put the new ones in.
-		e.peerDelta(r.c, pol, r.pod, old, mOld, -1)
-		e.peerDelta(r.c, pol, r.pod, cur, mCur, 1)
-	}
 }
 
 // podContrib is a local pod's isolation (how many of its policies

@@ -221,6 +221,10 @@ type policy struct {
 	// the same for them (namespace, types, peers, named ports): a pod's
 	// change checks each distinct signature once.
 	peerSig string
+	// shape is equal for two policies of one signature exactly when
+	// their rules also have the same ports: for a given local pod and
+	// peer they contribute the same allows (see peersChanged).
+	shape string
 }
 
 func (p *policy) signature() string {
@@ -299,7 +303,22 @@ func compile(np *networkingv1.NetworkPolicy, sc *selCache) (*policy, error) {
 		p.egRules = append(p.egRules, cr)
 	}
 	p.peerSig = p.signature()
+	p.shape = p.portsShape()
 	return p, nil
+}
+
+// portsShape encodes the ports of p's rules, in order.
+func (p *policy) portsShape() string {
+	var b strings.Builder
+	for d, rs := range [][]rule{p.inRules, p.egRules} {
+		for _, r := range rs {
+			fmt.Fprintf(&b, "|%d:%v", d, r.allPorts)
+			for _, pt := range r.ports {
+				fmt.Fprintf(&b, ";%d/%v/%s/%d/%d", pt.proto, pt.all, pt.name, pt.lo, pt.hi)
+			}
+		}
+	}
+	return b.String()
 }
 
 func compileRule(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, sc *selCache) (rule, error) {
