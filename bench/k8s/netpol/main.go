@@ -149,17 +149,25 @@ func runChild(ctx context.Context, kubeconfig string) error {
 		return err
 	}
 	defer pp.Close()
-	c, err := netpol.New(netpol.Config{Kube: kc, NodeName: node, Datapath: adapter{pp}, Logger: log})
+	c, err := netpol.New(netpol.Config{Kube: kc, NodeName: node, Datapath: adapter{pp, log}, Logger: log})
 	if err != nil {
 		return err
 	}
 	return c.Run(ctx)
 }
 
-type adapter struct{ p *policypath.Path }
+type adapter struct {
+	p   *policypath.Path
+	log *slog.Logger
+}
 
 func (a adapter) Apply(ctx context.Context, ch map[string]*netpol.Rules) error {
-	return a.p.Apply(ctx, conv(ch))
+	t0 := time.Now()
+	pods := conv(ch)
+	t1 := time.Now()
+	err := a.p.Apply(ctx, pods)
+	a.log.Debug("bench: apply", "pods", len(ch), "conv", t1.Sub(t0), "path", time.Since(t1))
+	return err
 }
 func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
 	return a.p.Sync(ctx, conv(all))
