@@ -89,6 +89,7 @@ func main() {
 	local := flag.Int("local", 100, "pods on the bench node")
 	inproc := flag.Bool("inprocess", false, "time engine and path alone, no API server (inproc.go)")
 	cpuprof := flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
+	flag.StringVar(&keepLogs, "childlogs", "", "copy the policy process's log of each size into this folder")
 	flag.Parse()
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
@@ -191,6 +192,9 @@ func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod {
 	}
 	return out
 }
+
+// keepLogs is -childlogs.
+var keepLogs string
 
 type bench struct {
 	c     *kubecluster.Cluster
@@ -521,6 +525,11 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	lags, comps, err := partialSyncs(b.childLog)
 	if err != nil {
 		return r, err
+	}
+	if keepLogs != "" {
+		if out, err := os.ReadFile(b.childLog); err == nil {
+			_ = os.WriteFile(fmt.Sprintf("%s/netpol-child-%d.log", keepLogs, n), out, 0o644)
+		}
 	}
 	r.lag50, r.lag99 = pct(lags)
 	r.comp50, r.comp99 = pct(comps)
