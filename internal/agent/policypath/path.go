@@ -360,6 +360,9 @@ func (p *Path) patchOwner(old, cur *Pod) bool {
 		i, j := 0, 0
 		for i < len(o) || j < len(c) {
 			switch {
+			case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
+				i++
+				j++
 			case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
 				touch(d, o[i], false)
 				i++

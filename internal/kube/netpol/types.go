@@ -195,20 +195,20 @@ func (r *Rules) Equal(o *Rules) bool {
 	return r.IP == o.IP && eq(r.Ingress, o.Ingress) && eq(r.Egress, o.Egress)
 }
 
+// cmpAllow orders allows by peer range, protocol and port range (the
+// order policypath expects), comparing the fields packed into two
+// integers.
 func cmpAllow(a, b Allow) int {
-	if c := cmp.Compare(a.PeerLo, b.PeerLo); c != 0 {
-		return c
+	ah := uint64(a.PeerLo)<<32 | uint64(a.PeerHi)
+	bh := uint64(b.PeerLo)<<32 | uint64(b.PeerHi)
+	if ah != bh {
+		if ah < bh {
+			return -1
+		}
+		return 1
 	}
-	if c := cmp.Compare(a.PeerHi, b.PeerHi); c != 0 {
-		return c
-	}
-	if a.Proto != b.Proto {
-		return int(a.Proto) - int(b.Proto)
-	}
-	if a.PortLo != b.PortLo {
-		return int(a.PortLo) - int(b.PortLo)
-	}
-	return int(a.PortHi) - int(b.PortHi)
+	return cmp.Compare(uint64(a.Proto)<<32|uint64(a.PortLo)<<16|uint64(a.PortHi),
+		uint64(b.Proto)<<32|uint64(b.PortLo)<<16|uint64(b.PortHi))
 }
 
 // policy is a compiled NetworkPolicy.
