@@ -215,31 +215,46 @@ func summarize(ds []time.Duration, rates []float64) connResult {
 // app-1, so its packets meet the same chain and the same two isolation
 // lookups miss, as with no policy at all; established packets are
 // accepted by conntrack before any lookup either way), rounds times
-// each in the order on off off on on off ..., so that the machine's
-// drifting load falls on both alike. The pod is selected again at the
-// end.
-func (b *bench) alternate(ctx context.Context, rounds int) (on, off connResult, err error) {
+// each, in pairs whose order alternates (on off, off on, ...), so that
+// the machine's drifting load falls on both alike. It returns each
+// state's pooled figures and the median over the pairs of the ratio of
+// their median stream rates (on / off). The pod is selected again at
+// the end.
+func (b *bench) alternate(ctx context.Context, rounds int) (on, off connResult, ratio float64, err error) {
 	var dOn, dOff []time.Duration
-	var rOn, rOff []float64
-	for i := range 2 * rounds {
-		sel := (i/2+i)%2 == 0 // on off off on on off ...
-		if err := b.selectServer(ctx, sel); err != nil {
-			return on, off, err
+	var rOn, rOff, ratios []float64
+	for i := range rounds {
+		var pair [2][]float64
+		for k := range 2 {
+			sel := (i+k)%2 == 0
+			if err := b.selectServer(ctx, sel); err != nil {
+				return on, off, 0, err
+			}
+			ds, rates, err := b.conn.sample(connN/rounds, connDur)
+			if err != nil {
+				return on, off, 0, err
+			}
+			if sel {
+				dOn, rOn, pair[0] = append(dOn, ds...), append(rOn, rates...), rates
+			} else {
+				dOff, rOff, pair[1] = append(dOff, ds...), append(rOff, rates...), rates
+			}
 		}
-		ds, rates, err := b.conn.sample(connN/rounds, connDur)
-		if err != nil {
-			return on, off, err
-		}
-		if sel {
-			dOn, rOn = append(dOn, ds...), append(rOn, rates...)
-		} else {
-			dOff, rOff = append(dOff, ds...), append(rOff, rates...)
-		}
+		ratios = append(ratios, median(pair[0])/median(pair[1]))
 	}
 	if err := b.selectServer(ctx, true); err != nil {
-		return on, off, err
+		return on, off, 0, err
 	}
-	return summarize(dOn, rOn), summarize(dOff, rOff), nil
+	return summarize(dOn, rOn), summarize(dOff, rOff), median(ratios), nil
+}
+
+func median(fs []float64) float64 {
+	s := slices.Clone(fs)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 // selectServer labels the server pod app-1 (selected by the policies

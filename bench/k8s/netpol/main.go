@@ -19,7 +19,7 @@
 //	    throughput through an allowed path (conn.go), against the same
 //	    path with no policy at all, measured first in the same run; and,
 //	    fairer on a machine whose load drifts, alternated in the same
-//	    state, 4 rounds each: the server pod selected by its policies,
+//	    state, 6 pairs in alternating order: the server pod selected by its policies,
 //	    and selected by none (relabelled: the path then meets exactly
 //	    what it meets with no policy).
 //
@@ -219,7 +219,8 @@ type row struct {
 	conn50, conn99             time.Duration // (e) connect through the allowed path
 	mbps                       float64
 	// (e) alternated with the same path unselected (conn.go alternate).
-	on, off connResult
+	on, off   connResult
+	pairRatio float64 // median over the pairs of on / off stream rates
 	// The policy process's own view of (b) and (c): its partial syncs'
 	// lag (oldest watch event to rules in the kernel) and compute time.
 	lag50, lag99, comp50, comp99 time.Duration
@@ -293,13 +294,13 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 			ratio(r.conn50, base.conn50), ratio(r.conn99, base.conn99), r.mbps, r.mbps/base.mbps)
 	}
 	fmt.Println()
-	fmt.Printf("(e) alternated in the same state (%d rounds each, on off off on ...): the path with its server pod selected by the policies, against the same path with the pod selected by none (the same chain, its isolation lookups miss, as with no policy):\n", connRounds)
+	fmt.Printf("(e) alternated in the same state (%d pairs, on off, off on, ...): the path with its server pod selected by the policies, against the same path with the pod selected by none (the same chain, its isolation lookups miss, as with no policy):\n", connRounds)
 	fmt.Println()
-	fmt.Println("| policies | connect p50 / p99 selected | unselected | × | throughput selected (median of streams) | unselected | × |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| policies | connect p50 / p99 selected | unselected | × | throughput selected (median of streams) | unselected | × | × per pair (median) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		fmt.Printf("| %d | %s / %s | %s / %s | %.2f× / %.2f× | %.0f Mbit/s | %.0f Mbit/s | %.2f× |\n", r.n, us(r.on.conn50), us(r.on.conn99),
-			us(r.off.conn50), us(r.off.conn99), ratio(r.on.conn50, r.off.conn50), ratio(r.on.conn99, r.off.conn99), r.on.mbps, r.off.mbps, r.on.mbps/r.off.mbps)
+		fmt.Printf("| %d | %s / %s | %s / %s | %.2f× / %.2f× | %.0f Mbit/s | %.0f Mbit/s | %.2f× | %.2f× |\n", r.n, us(r.on.conn50), us(r.on.conn99),
+			us(r.off.conn50), us(r.off.conn99), ratio(r.on.conn50, r.off.conn50), ratio(r.on.conn99, r.off.conn99), r.on.mbps, r.off.mbps, r.on.mbps/r.off.mbps, r.pairRatio)
 	}
 	return nil
 }
@@ -319,7 +320,7 @@ func ratio(a, b time.Duration) float64 {
 const (
 	connN      = 2000
 	connDur    = 3 * time.Second
-	connRounds = 4
+	connRounds = 6
 )
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
@@ -546,11 +547,11 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	if r.conn50, r.conn99, r.mbps, err = b.conn.measure(connN, connDur); err != nil {
 		return r, fmt.Errorf("connect: %w", err)
 	}
-	if r.on, r.off, err = b.alternate(ctx, connRounds); err != nil {
+	if r.on, r.off, r.pairRatio, err = b.alternate(ctx, connRounds); err != nil {
 		return r, fmt.Errorf("connect, alternated: %w", err)
 	}
-	fmt.Printf("N=%d (e) alternated, %d rounds: selected: connect p50/p99 %v/%v, streams %.0f Mbit/s; unselected: %v/%v, %.0f Mbit/s\n",
-		n, connRounds, r.on.conn50, r.on.conn99, r.on.rates, r.off.conn50, r.off.conn99, r.off.rates)
+	fmt.Printf("N=%d (e) alternated, %d pairs: selected: connect p50/p99 %v/%v, streams %.0f Mbit/s; unselected: %v/%v, %.0f Mbit/s; median of the pairs' ratios %.2f\n",
+		n, connRounds, r.on.conn50, r.on.conn99, r.on.rates, r.off.conn50, r.off.conn99, r.off.rates, r.pairRatio)
 	if out, err := b.c.Command(ctx, "nft", "-j", "list", "set", "inet", table, "pol-in-exact").Output(); err == nil {
 		r.elems = strings.Count(string(out), "\"concat\"")
 	}
