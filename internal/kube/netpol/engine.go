@@ -43,7 +43,8 @@ type Engine struct {
 	memo map[string][]*Pod
 	sels selCache
 	// weights keeps, per peer signature, peersChanged's weights while
-	// polLocal and the policies stay as they are (sigWeights).
+	// its policies and their polLocal entries stay as they are
+	// (sigWeights, dropWeights).
 	weights map[string]*shapeWeights
 }
 
@@ -201,9 +202,10 @@ func (e *Engine) sigWeights(sk string, pks map[string]*policy) *shapeWeights {
 	return sw
 }
 
-// dropWeights forgets the kept shapeWeights: polLocal or the policies
-// changed (SetPolicy, DeletePolicy, a Compute of dirty pods).
-func (e *Engine) dropWeights() { e.weights = nil }
+// dropWeights forgets signature sk's shapeWeights: the polLocal entry or
+// the membership of one of its policies changed (SetPolicy,
+// DeletePolicy). A Compute of dirty pods forgets them all.
+func (e *Engine) dropWeights(sk string) { delete(e.weights, sk) }
 
 // localRef is a local pod's state during one podChanged: its pod and
 // contributions, nil when it is to be recomputed.
@@ -474,7 +476,6 @@ func (p *policy) usesNS() bool {
 // this) still isolates the pods it selects, with no allowed peer: it
 // fails closed. The error says why.
 func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
-	e.dropWeights()
 	pol, err := compile(np, &e.sels)
 	if err != nil {
 		pol = &policy{namespace: np.Namespace, name: np.Name, selector: labels.Everything(), ingress: true, egress: true}
@@ -484,6 +485,12 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 	}
 	k := np.Namespace + "/" + np.Name
 	old := e.policies[k]
+	// Only this policy's polLocal entry and signatures change (a pod it
+	// dirties is recomputed by a Compute, which drops them all).
+	if old != nil {
+		e.dropWeights(sigKey(old))
+	}
+	e.dropWeights(sigKey(pol))
 	// The local pods the old version selected lose its contributions
 	// (counted against the current pods, as they were added: a peer's
 	// change keeps them current, see podChanged).
@@ -565,7 +572,7 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 	if _, ok := e.policies[k]; !ok {
 		return
 	}
-	e.dropWeights()
+	e.dropWeights(sigKey(e.policies[k]))
 	for l := range e.polLocal[k] {
 		e.policyDelta(l, k, e.policies[k], -1)
 	}
@@ -594,7 +601,7 @@ func (e *Engine) All() map[string]*Rules { return maps.Clone(e.rules) }
 func (e *Engine) Compute() map[string]*Rules {
 	out := map[string]*Rules{}
 	if len(e.dirty) > 0 {
-		e.dropWeights() // a recomputation rewrites polLocal
+		e.weights = nil // a recomputation rewrites polLocal
 	}
 	e.memo = map[string][]*Pod{}
 	defer func() { e.memo = nil }()
