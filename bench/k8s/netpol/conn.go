@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The allowed path of (e): client pod p101 (grp g-1, remote) to server
@@ -158,8 +159,18 @@ func stream(d net.Dialer, addr string, dur time.Duration) (float64, error) {
 // through the policy lookups) and the median throughput of three streams
 // of dur/3 each.
 func (t *connTopo) measure(n int, dur time.Duration) (p50, p99 time.Duration, mbps float64, err error) {
+	ds, rates, err := t.sample(n, dur)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	r := summarize(ds, rates)
+	return r.conn50, r.conn99, r.mbps, nil
+}
+
+// sample returns n sequential connects' times and three streams' rates
+// (of dur/3 each).
+func (t *connTopo) sample(n int, dur time.Duration) (ds []time.Duration, rates []float64, err error) {
 	addr := net.JoinHostPort(podIP(connServer).String(), strconv.Itoa(connPort))
-	var ds []time.Duration
 	err = inNS(t.client, func() error {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		for range n {
@@ -172,8 +183,6 @@ func (t *connTopo) measure(n int, dur time.Duration) (p50, p99 time.Duration, mb
 			_ = c.(*net.TCPConn).SetLinger(0) // RST: no TIME_WAIT pile-up
 			_ = c.Close()
 		}
-		// Three streams of dur/3; the median.
-		var rates []float64
 		for range 3 {
 			r, err := stream(d, addr, dur/3)
 			if err != nil {
@@ -181,13 +190,92 @@ func (t *connTopo) measure(n int, dur time.Duration) (p50, p99 time.Duration, mb
 			}
 			rates = append(rates, r)
 		}
-		slices.Sort(rates)
-		mbps = rates[1]
 		return nil
 	})
-	if err != nil {
-		return 0, 0, 0, err
-	}
+	return ds, rates, err
+}
+
+// connResult is (e) of one state: connect p50/p99, the median stream
+// rate, and every stream's rate.
+type connResult struct {
+	conn50, conn99 time.Duration
+	mbps           float64
+	rates          []float64
+}
+
+func summarize(ds []time.Duration, rates []float64) connResult {
+	ds, rates = slices.Clone(ds), slices.Clone(rates)
 	slices.Sort(ds)
-	return ds[len(ds)/2], ds[min(len(ds)-1, len(ds)*99/100)], mbps, nil
+	slices.Sort(rates)
+	return connResult{conn50: ds[len(ds)/2], conn99: ds[min(len(ds)-1, len(ds)*99/100)], mbps: rates[len(rates)/2], rates: rates}
+}
+
+// alternate measures the allowed path with the server pod selected by its
+// policies (on) and selected by none (off: it is relabelled out of
+// app-1, so its packets meet the same chain and the same two isolation
+// lookups miss, as with no policy at all; established packets are
+// accepted by conntrack before any lookup either way), rounds times
+// each, in pairs whose order alternates (on off, off on, ...), so that
+// the machine's drifting load falls on both alike. It returns each
+// state's pooled figures and the median over the pairs of the ratio of
+// their median stream rates (on / off). The pod is selected again at
+// the end.
+func (b *bench) alternate(ctx context.Context, rounds int) (on, off connResult, ratio float64, err error) {
+	var dOn, dOff []time.Duration
+	var rOn, rOff, ratios []float64
+	for i := range rounds {
+		var pair [2][]float64
+		for k := range 2 {
+			sel := (i+k)%2 == 0
+			if err := b.selectServer(ctx, sel); err != nil {
+				return on, off, 0, err
+			}
+			ds, rates, err := b.conn.sample(connN/rounds, connDur)
+			if err != nil {
+				return on, off, 0, err
+			}
+			if sel {
+				dOn, rOn, pair[0] = append(dOn, ds...), append(rOn, rates...), rates
+			} else {
+				dOff, rOff, pair[1] = append(dOff, ds...), append(rOff, rates...), rates
+			}
+		}
+		ratios = append(ratios, median(pair[0])/median(pair[1]))
+	}
+	if err := b.selectServer(ctx, true); err != nil {
+		return on, off, 0, err
+	}
+	return summarize(dOn, rOn), summarize(dOff, rOff), median(ratios), nil
+}
+
+func median(fs []float64) float64 {
+	s := slices.Clone(fs)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// selectServer labels the server pod app-1 (selected by the policies
+// allowing the path) or app-none (by none) and waits until the kernel's
+// ingress isolation set holds it, or not.
+func (b *bench) selectServer(ctx context.Context, sel bool) error {
+	name := fmt.Sprintf("p%d", connServer)
+	p, err := b.kc.CoreV1().Pods(nsName).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	app := "app-none"
+	if sel {
+		app = fmt.Sprintf("app-%d", connServer%apps)
+	}
+	if p.Labels["app"] != app {
+		p.Labels["app"] = app
+		if _, err := b.kc.CoreV1().Pods(nsName).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	a := podIP(connServer).As4()
+	return b.untilIn("pol-in-iso", a[:], sel, 30*time.Second)
 }

@@ -17,9 +17,15 @@
 //	(d) peak RSS (VmHWM) of the policy process;
 //	(e) TCP connect latency (p50/p99 of 2,000) and one stream's
 //	    throughput through an allowed path (conn.go), against the same
-//	    path with no policy at all, measured first in the same run.
+//	    path with no policy at all, measured first in the same run; and,
+//	    fairer on a machine whose load drifts, alternated in the same
+//	    state, 6 pairs in alternating order: the server pod selected by its policies,
+//	    and selected by none (relabelled: the path then meets exactly
+//	    what it meets with no policy).
 //
-// Each sample of (b) and (c) is printed in write order. The kernel is read
+// Each sample of (b) and (c) is printed in write order, and traced
+// (trace.go): the write, a plain watch's event, the policy process's
+// own stamps (watch event decoded, handler, compute, apply), the read. The kernel is read
 // back with one netlink element lookup (no dump). The policy process is
 // this binary with -child, run inside the cluster's network namespace (the
 // API server listens there), programming its own table there. Peer
@@ -83,6 +89,7 @@ func main() {
 	local := flag.Int("local", 100, "pods on the bench node")
 	inproc := flag.Bool("inprocess", false, "time engine and path alone, no API server (inproc.go)")
 	cpuprof := flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
+	flag.StringVar(&keepLogs, "childlogs", "", "copy the policy process's log of each size into this folder")
 	flag.Parse()
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
@@ -143,17 +150,25 @@ func runChild(ctx context.Context, kubeconfig string) error {
 		return err
 	}
 	defer pp.Close()
-	c, err := netpol.New(netpol.Config{Kube: kc, NodeName: node, Datapath: adapter{pp}, Logger: log})
+	c, err := netpol.New(netpol.Config{Kube: kc, NodeName: node, Datapath: adapter{pp, log}, Logger: log})
 	if err != nil {
 		return err
 	}
 	return c.Run(ctx)
 }
 
-type adapter struct{ p *policypath.Path }
+type adapter struct {
+	p   *policypath.Path
+	log *slog.Logger
+}
 
 func (a adapter) Apply(ctx context.Context, ch map[string]*netpol.Rules) error {
-	return a.p.Apply(ctx, conv(ch))
+	t0 := time.Now()
+	pods := conv(ch)
+	t1 := time.Now()
+	err := a.p.Apply(ctx, pods)
+	a.log.Debug("bench: apply", "pods", len(ch), "conv", t1.Sub(t0), "path", time.Since(t1))
+	return err
 }
 func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
 	return a.p.Sync(ctx, conv(all))
@@ -178,6 +193,9 @@ func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod {
 	return out
 }
 
+// keepLogs is -childlogs.
+var keepLogs string
+
 type bench struct {
 	c     *kubecluster.Cluster
 	kc    kubernetes.Interface
@@ -187,6 +205,7 @@ type bench struct {
 	child *kubecluster.Process
 	log   *os.File
 	conn  *connTopo
+	st    *stamps
 	// childLog is the policy process's log.
 	childLog string
 }
@@ -199,6 +218,9 @@ type row struct {
 	elems                      int
 	conn50, conn99             time.Duration // (e) connect through the allowed path
 	mbps                       float64
+	// (e) alternated with the same path unselected (conn.go alternate).
+	on, off   connResult
+	pairRatio float64 // median over the pairs of on / off stream rates
 	// The policy process's own view of (b) and (c): its partial syncs'
 	// lag (oldest watch event to rules in the kernel) and compute time.
 	lag50, lag99, comp50, comp99 time.Duration
@@ -221,6 +243,9 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 	}
 	defer b.nf.Close()
 	if err := b.fillPods(ctx); err != nil {
+		return err
+	}
+	if b.st, err = watchStamps(ctx, b.kc); err != nil {
 		return err
 	}
 	// (e) the baseline: the policy process running, no policy at all.
@@ -268,6 +293,15 @@ func run(ctx context.Context, sizes []int, adds, local int) error {
 			ms(r.lbl50), ms(r.lbl99), float64(r.rssKiB)/1024, r.elems, us(r.conn50), us(r.conn99),
 			ratio(r.conn50, base.conn50), ratio(r.conn99, base.conn99), r.mbps, r.mbps/base.mbps)
 	}
+	fmt.Println()
+	fmt.Printf("(e) alternated in the same state (%d pairs, on off, off on, ...): the path with its server pod selected by the policies, against the same path with the pod selected by none (the same chain, its isolation lookups miss, as with no policy):\n", connRounds)
+	fmt.Println()
+	fmt.Println("| policies | connect p50 / p99 selected | unselected | × | throughput selected (median of streams) | unselected | × | × per pair (median) |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		fmt.Printf("| %d | %s / %s | %s / %s | %.2f× / %.2f× | %.0f Mbit/s | %.0f Mbit/s | %.2f× | %.2f× |\n", r.n, us(r.on.conn50), us(r.on.conn99),
+			us(r.off.conn50), us(r.off.conn99), ratio(r.on.conn50, r.off.conn50), ratio(r.on.conn99, r.off.conn99), r.on.mbps, r.off.mbps, r.on.mbps/r.off.mbps, r.pairRatio)
+	}
 	return nil
 }
 
@@ -280,10 +314,13 @@ func ratio(a, b time.Duration) float64 {
 	return float64(a) / float64(b)
 }
 
-// The samples of (e): connects, and the stream's length.
+// The samples of (e): connects, and the streams' length; the rounds of
+// the alternated comparison (each of connN/connRounds connects and
+// connDur of streams per state).
 const (
-	connN   = 2000
-	connDur = 3 * time.Second
+	connN      = 2000
+	connDur    = 3 * time.Second
+	connRounds = 6
 )
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
@@ -418,6 +455,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	// (b) one policy selecting local pod p0's app, allowing grp of pod
 	// p(local+1) (remote) on a new port: its element pod . peer . tcp . port.
 	var addT, addW []time.Duration // from the write sent; from the write returned
+	var addS, lblS []sample
 	for k := range adds {
 		port := 20000 + n + k
 		j := 0 // app-0: local pod p0; grp g-0
@@ -427,15 +465,18 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		peer := podIP(groups * (b.local/groups + 1)) // a remote pod of g-0
 		key := exactKey(podIP(0), peer, port)
 		t0 := time.Now()
-		if _, err := b.kc.NetworkingV1().NetworkPolicies(nsName).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		made, err := b.kc.NetworkingV1().NetworkPolicies(nsName).Create(ctx, np, metav1.CreateOptions{})
+		if err != nil {
 			return r, err
 		}
 		t1 := time.Now()
 		if err := b.until(key, true, 30*time.Second); err != nil {
 			return r, fmt.Errorf("policy add: %w", err)
 		}
-		addT = append(addT, time.Since(t0))
-		addW = append(addW, time.Since(t1))
+		t2 := time.Now()
+		addT = append(addT, t2.Sub(t0))
+		addW = append(addW, t2.Sub(t1))
+		addS = append(addS, sample{sent: t0, returned: t1, seen: t2, key: "policy/" + np.Name + "@" + made.ResourceVersion})
 		if err := b.kc.NetworkingV1().NetworkPolicies(nsName).Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil {
 			return r, err
 		}
@@ -456,15 +497,18 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 		}
 		t0 := time.Now()
 		p.Labels["grp"] = "g-0"
-		if _, err := b.kc.CoreV1().Pods(nsName).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		made, err := b.kc.CoreV1().Pods(nsName).Update(ctx, p, metav1.UpdateOptions{})
+		if err != nil {
 			return r, err
 		}
 		t1 := time.Now()
 		if err := b.until(key, true, 30*time.Second); err != nil {
 			return r, fmt.Errorf("label: %w", err)
 		}
-		lblT = append(lblT, time.Since(t0))
-		lblW = append(lblW, time.Since(t1))
+		t2 := time.Now()
+		lblT = append(lblT, t2.Sub(t0))
+		lblW = append(lblW, t2.Sub(t1))
+		lblS = append(lblS, sample{sent: t0, returned: t1, seen: t2, key: "pod/" + p.Name + "@" + made.ResourceVersion})
 		p.Labels["grp"] = "g-1"
 		p.ResourceVersion = ""
 		if _, err := b.kc.CoreV1().Pods(nsName).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
@@ -483,13 +527,31 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	if err != nil {
 		return r, err
 	}
+	if keepLogs != "" {
+		if out, err := os.ReadFile(b.childLog); err == nil {
+			_ = os.WriteFile(fmt.Sprintf("%s/netpol-child-%d.log", keepLogs, n), out, 0o644)
+		}
+	}
 	r.lag50, r.lag99 = pct(lags)
 	r.comp50, r.comp99 = pct(comps)
 	fmt.Printf("N=%d partial syncs: %d, lag p50/p99 %v/%v, compute p50/p99 %v/%v\n", n, len(lags), r.lag50, r.lag99, r.comp50, r.comp99)
+	if cs, err := childSyncs(b.childLog); err == nil {
+		fmt.Println()
+		fmt.Printf("N=%d: ", n)
+		splitHeader()
+		split("(b) policy created", addS, b.st, cs)
+		split("(c) label change", lblS, b.st, cs)
+		fmt.Println()
+	}
 	r.rssKiB, _ = hwm(b.child.PID())
 	if r.conn50, r.conn99, r.mbps, err = b.conn.measure(connN, connDur); err != nil {
 		return r, fmt.Errorf("connect: %w", err)
 	}
+	if r.on, r.off, r.pairRatio, err = b.alternate(ctx, connRounds); err != nil {
+		return r, fmt.Errorf("connect, alternated: %w", err)
+	}
+	fmt.Printf("N=%d (e) alternated, %d pairs: selected: connect p50/p99 %v/%v, streams %.0f Mbit/s; unselected: %v/%v, %.0f Mbit/s; median of the pairs' ratios %.2f\n",
+		n, connRounds, r.on.conn50, r.on.conn99, r.on.rates, r.off.conn50, r.off.conn99, r.off.rates, r.pairRatio)
 	if out, err := b.c.Command(ctx, "nft", "-j", "list", "set", "inet", table, "pol-in-exact").Output(); err == nil {
 		r.elems = strings.Count(string(out), "\"concat\"")
 	}
@@ -503,12 +565,18 @@ func exactKey(pod, peer netip.Addr, port int) []byte {
 	return binary.BigEndian.AppendUint16(k, uint16(port))[:14:14]
 }
 
-// until polls the kernel for the element until its presence is want.
+// until polls the kernel for the exact element until its presence is
+// want.
 func (b *bench) until(key []byte, want bool, limit time.Duration) error {
-	k := append(slices.Clone(key), 0, 0)
+	return b.untilIn("pol-in-exact", append(slices.Clone(key), 0, 0), want, limit)
+}
+
+// untilIn polls set for key (padded as the kernel stores it) until its
+// presence is want.
+func (b *bench) untilIn(set string, k []byte, want bool, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		_, ok, err := benchutil.GetElem(b.nf, table, "pol-in-exact", k)
+		_, ok, err := benchutil.GetElem(b.nf, table, set, k)
 		if err != nil {
 			return err
 		}

@@ -166,3 +166,50 @@ func TestReadSetEqualsLibrary(t *testing.T) {
 		t.Errorf("only %d elements read; the test wants many dump messages", total)
 	}
 }
+
+// BenchmarkPatchOwner: the shape of bench/k8s/netpol's label change in
+// the path, without the kernel: 20 pods of 2,000 exact allows each, one
+// peer's 20 allows added to each and taken out again.
+func BenchmarkPatchOwner(b *testing.B) {
+	p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
+	mk := func(extra bool) Dir {
+		d := Dir{Isolated: true}
+		for peer := range 100 {
+			for port := range 20 {
+				a := Addr4(10<<24 | 64<<16 | peer*10)
+				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
+			}
+		}
+		if extra {
+			for port := range 20 {
+				a := Addr4(10<<24 | 64<<16 | 5)
+				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
+			}
+		}
+		slices.SortFunc(d.Allow, cmpAllow)
+		return d
+	}
+	plain, more := mk(false), mk(true)
+	pods := func(d Dir) map[string]*Pod {
+		m := map[string]*Pod{}
+		for i := range 20 {
+			m[fmt.Sprint(i)] = &Pod{IP: netip.AddrFrom4([4]byte{10, 64, 0, byte(i)}), Ingress: d}
+		}
+		return m
+	}
+	a, c := pods(plain), pods(more)
+	for k, pod := range a {
+		p.setOwner(k, pod)
+	}
+	clear(p.pending)
+	for i := 0; b.Loop(); i++ {
+		next := c
+		if i%2 == 1 {
+			next = a
+		}
+		for k, pod := range next {
+			p.setOwner(k, pod)
+		}
+		clear(p.pending)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
@@ -359,6 +360,9 @@ func (p *Path) patchOwner(old, cur *Pod) bool {
 		i, j := 0, 0
 		for i < len(o) || j < len(c) {
 			switch {
+			case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
+				i++
+				j++
 			case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
 				touch(d, o[i], false)
 				i++
@@ -584,6 +588,7 @@ func (p *Path) commit(ctx context.Context) error {
 		}
 	}
 	p.written = len(ops)
+	start := time.Now()
 	err := nftbatch.Commit(p.conn, ops,
 		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
 		func(o op) nftables.SetElement { return p.element(o.e) },
@@ -600,6 +605,9 @@ func (p *Path) commit(ctx context.Context) error {
 	if err != nil {
 		p.trusted = false
 		return fmt.Errorf("policypath: %w", err)
+	}
+	if len(ops) > 0 && p.log.Enabled(ctx, slog.LevelDebug) {
+		p.log.Debug("policypath: commit", "touched", len(p.pending), "ops", len(ops), "took", time.Since(start))
 	}
 	clear(p.pending)
 	return nil

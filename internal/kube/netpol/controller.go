@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,10 +63,19 @@ type Controller struct {
 	// synced reports, per watch, that its handler has seen the initial
 	// list.
 	synced []cache.InformerSynced
+	// arrived is when (UnixNano) the oldest watch event not yet handled
+	// reached the process: the informers' transform stamps it as the
+	// reflector queues the decoded event, before the informer's queue and
+	// handler; 0: none waiting. The programming lag starts there. It
+	// counts nanoseconds from epoch plus one (so that it keeps the
+	// monotonic clock).
+	arrived atomic.Int64
+	epoch   time.Time
 
 	mu         sync.Mutex // guards everything below
 	eng        *Engine
-	since      time.Time             // the oldest event not yet programmed
+	since      time.Time             // arrival of the oldest event not yet programmed
+	handled    time.Time             // when that event's handler started
 	programmed map[string]netip.Addr // local pod -> address whose rules are in the kernel
 	waiters    map[string][]chan struct{}
 	ready      bool // the first full Sync is done
@@ -87,13 +97,27 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Controller{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Metrics), kick: make(chan struct{}, 1),
+	c := &Controller{cfg: cfg, log: cfg.Logger, m: newMetrics(cfg.Metrics), kick: make(chan struct{}, 1), epoch: time.Now(),
 		eng: NewEngine(cfg.NodeName), programmed: map[string]netip.Addr{}, waiters: map[string][]chan struct{}{},
 		unverified: map[string]*corev1.Pod{}}
 	c.fac = informers.NewSharedInformerFactory(cfg.Kube, 0)
 	pods := c.fac.Core().V1().Pods().Informer()
-	if err := pods.SetTransform(compactPod); err != nil {
-		return nil, fmt.Errorf("netpol: %w", err)
+	nss := c.fac.Core().V1().Namespaces().Informer()
+	pols := c.fac.Networking().V1().NetworkPolicies().Informer()
+	for _, t := range []struct {
+		inf cache.SharedIndexInformer
+		f   func(any) (any, error)
+	}{{pods, compactPod}, {nss, nil}, {pols, nil}} {
+		f := t.f
+		if err := t.inf.SetTransform(func(o any) (any, error) {
+			c.arrived.CompareAndSwap(0, int64(time.Since(c.epoch))+1)
+			if f == nil {
+				return o, nil
+			}
+			return f(o)
+		}); err != nil {
+			return nil, fmt.Errorf("netpol: %w", err)
+		}
 	}
 	handlers := []struct {
 		inf cache.SharedIndexInformer
@@ -110,7 +134,7 @@ func New(cfg Config) (*Controller, error) {
 				c.eng.DeletePod(p.Namespace, p.Name)
 			}
 		}},
-		{c.fac.Core().V1().Namespaces().Informer(), func(o any) {
+		{nss, func(o any) {
 			if n, ok := o.(*corev1.Namespace); ok {
 				c.eng.SetNamespace(n.Name, n.Labels)
 			}
@@ -119,7 +143,7 @@ func New(cfg Config) (*Controller, error) {
 				c.eng.DeleteNamespace(n.Name)
 			}
 		}},
-		{c.fac.Networking().V1().NetworkPolicies().Informer(), func(o any) {
+		{pols, func(o any) {
 			if np, ok := o.(*networkingv1.NetworkPolicy); ok {
 				if err := c.eng.SetPolicy(np); err != nil {
 					c.log.Warn("netpol: policy does not compile; it denies all for the pods it selects", "policy", np.Namespace+"/"+np.Name, "err", err)
@@ -236,13 +260,21 @@ func statusHas(p *corev1.Pod, ip netip.Addr) bool {
 	return false
 }
 
-// event applies f to the engine and wakes the sync loop.
+// event applies f to the engine and wakes the sync loop. The lag of
+// what it dirties starts at the oldest waiting event's arrival (its
+// queueing in the informer and the handler's own work count), or at
+// the handler's start when none is stamped (an event whose arrival an
+// earlier, no-op handler took).
 func (c *Controller) event(f func()) {
-	t := time.Now() // the handler's own work (and wait) counts in the lag
+	now := time.Now()
+	t := now
+	if a := c.arrived.Swap(0); a != 0 {
+		t = c.epoch.Add(time.Duration(a - 1))
+	}
 	c.mu.Lock()
 	f()
 	if c.eng.Dirty() > 0 && c.since.IsZero() {
-		c.since = t
+		c.since, c.handled = t, now
 	}
 	c.mu.Unlock()
 	select {
@@ -368,7 +400,7 @@ func (c *Controller) partial(ctx context.Context) error {
 	start := time.Now()
 	c.mu.Lock()
 	ch := c.eng.Compute()
-	since := c.since
+	since, handled := c.since, c.handled
 	c.since = time.Time{}
 	c.mu.Unlock()
 	if len(ch) > 0 {
@@ -377,12 +409,13 @@ func (c *Controller) partial(ctx context.Context) error {
 			return err
 		}
 		c.m.observe("partial", start, since)
-		if c.log.Enabled(ctx, slog.LevelDebug) {
-			var lag time.Duration
-			if !since.IsZero() {
-				lag = time.Since(since)
-			}
-			c.log.Debug("netpol: partial sync", "pods", len(ch), "compute", computed, "took", time.Since(start), "lag", lag)
+		if c.log.Enabled(ctx, slog.LevelDebug) && !since.IsZero() {
+			// The oldest event's way: arrived (the watch decoded it) →
+			// its handler started (the informer's queue) → this sync
+			// started (the handler's engine work, the wake) → computed
+			// → in the kernel.
+			c.log.Debug("netpol: partial sync", "pods", len(ch), "compute", computed, "took", time.Since(start), "lag", time.Since(since),
+				"queued", handled.Sub(since), "handler", start.Sub(handled), "arrived_us", since.UnixMicro())
 		}
 	}
 	c.mu.Lock()

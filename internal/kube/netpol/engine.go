@@ -42,6 +42,10 @@ type Engine struct {
 	// (policies often share selectors).
 	memo map[string][]*Pod
 	sels selCache
+	// weights keeps, per peer signature, peersChanged's weights while
+	// its policies and their polLocal entries stay as they are
+	// (sigWeights, dropWeights).
+	weights map[string]*shapeWeights
 }
 
 // NewEngine returns an empty engine for node.
@@ -114,7 +118,7 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 	// The local pods' state, looked up once per pod rather than once per
 	// policy naming the peer.
 	var ls map[string]*localRef
-	for _, pks := range e.bySig {
+	for sk, pks := range e.bySig {
 		var rep *policy
 		for _, pol := range pks {
 			rep = pol
@@ -133,15 +137,75 @@ func (e *Engine) podChanged(k string, old, cur *Pod) {
 		if ls == nil {
 			ls = map[string]*localRef{}
 		}
-		for pk, pol := range pks {
-			locals := e.polLocal[pk]
-			if len(locals) == 0 {
-				continue
-			}
-			e.peerChanged(ls, pol, locals, old, cur, mOld, mCur)
-		}
+		e.peersChanged(ls, sk, pks, old, cur, mOld, mCur)
 	}
 }
+
+// shapeLocal is a local pod and the shape of policies selecting it.
+type shapeLocal struct{ shape, local string }
+
+// peersChanged applies peer x's change (old to cur, whose matches are
+// mOld and mCur) to the local pods of the policies pks (of one peer
+// signature), as deltas where their contributions are current. The
+// policies of one shape (the same ports too) contribute alike to a local
+// pod, so each local pod gets one delta per shape, weighted by how many
+// of the shape's policies select it, instead of one per policy: the
+// allows and counts touched scale with the distinct shapes, not with
+// the policies naming the peer.
+func (e *Engine) peersChanged(ls map[string]*localRef, sk string, pks map[string]*policy, old, cur *Pod, mOld, mCur *peerMatch) {
+	sw := e.sigWeights(sk, pks)
+	for k, w := range sw.weight {
+		r := e.ref(ls, k.local)
+		if r.c == nil {
+			continue // recomputed by the next Compute
+		}
+		// The local pod's rules are current but for this peer: take its
+		// old contributions out and put the new ones in.
+		pol := sw.rep[k.shape]
+		e.peerDelta(r.c, pol, r.pod, old, mOld, -w)
+		e.peerDelta(r.c, pol, r.pod, cur, mCur, w)
+	}
+}
+
+// shapeWeights is what peersChanged needs of one peer signature's
+// policies: per shape and local pod, how many of the shape's policies
+// select the pod (in polLocal), and one policy of each shape.
+type shapeWeights struct {
+	weight map[shapeLocal]int32
+	rep    map[string]*policy
+}
+
+// sigWeights returns signature sk's shapeWeights (its policies pks),
+// from e.weights or computed and kept there until polLocal or the
+// policies change (dropWeights): a run of peer changes (pods relabelled,
+// readdressed) costs one pass over the policies naming them, then one
+// delta per shape and local pod each.
+func (e *Engine) sigWeights(sk string, pks map[string]*policy) *shapeWeights {
+	if sw, ok := e.weights[sk]; ok {
+		return sw
+	}
+	sw := &shapeWeights{weight: map[shapeLocal]int32{}, rep: map[string]*policy{}}
+	for pk, pol := range pks {
+		locals := e.polLocal[pk]
+		if len(locals) == 0 {
+			continue
+		}
+		sw.rep[pol.shape] = pol
+		for l := range locals {
+			sw.weight[shapeLocal{pol.shape, l}]++
+		}
+	}
+	if e.weights == nil {
+		e.weights = map[string]*shapeWeights{}
+	}
+	e.weights[sk] = sw
+	return sw
+}
+
+// dropWeights forgets signature sk's shapeWeights: the polLocal entry or
+// the membership of one of its policies changed (SetPolicy,
+// DeletePolicy). A Compute of dirty pods forgets them all.
+func (e *Engine) dropWeights(sk string) { delete(e.weights, sk) }
 
 // localRef is a local pod's state during one podChanged: its pod and
 // contributions, nil when it is to be recomputed.
@@ -209,22 +273,6 @@ func (m *peerMatch) equal(o *peerMatch) bool {
 // and named ports: all a peer's allows depend on besides its matches.
 func sameAddrPorts(a, b *Pod) bool {
 	return a.active() && b.active() && a.IP == b.IP && slices.Equal(a.Ports, b.Ports)
-}
-
-// peerChanged applies peer x's change (old to cur, whose matches are
-// mOld and mCur) to the local pods of pol: as a delta when their
-// contributions are current.
-func (e *Engine) peerChanged(ls map[string]*localRef, pol *policy, locals map[string]bool, old, cur *Pod, mOld, mCur *peerMatch) {
-	for l := range locals {
-		r := e.ref(ls, l)
-		if r.c == nil {
-			continue // recomputed by the next Compute
-		}
-		// The local pod's rules are current but for this peer: take its
-		// old contributions out and put the new ones in.
-		e.peerDelta(r.c, pol, r.pod, old, mOld, -1)
-		e.peerDelta(r.c, pol, r.pod, cur, mCur, 1)
-	}
 }
 
 // podContrib is a local pod's isolation (how many of its policies
@@ -437,6 +485,12 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 	}
 	k := np.Namespace + "/" + np.Name
 	old := e.policies[k]
+	// Only this policy's polLocal entry and signatures change (a pod it
+	// dirties is recomputed by a Compute, which drops them all).
+	if old != nil {
+		e.dropWeights(sigKey(old))
+	}
+	e.dropWeights(sigKey(pol))
 	// The local pods the old version selected lose its contributions
 	// (counted against the current pods, as they were added: a peer's
 	// change keeps them current, see podChanged).
@@ -518,6 +572,7 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 	if _, ok := e.policies[k]; !ok {
 		return
 	}
+	e.dropWeights(sigKey(e.policies[k]))
 	for l := range e.polLocal[k] {
 		e.policyDelta(l, k, e.policies[k], -1)
 	}
@@ -545,6 +600,9 @@ func (e *Engine) All() map[string]*Rules { return maps.Clone(e.rules) }
 // address.
 func (e *Engine) Compute() map[string]*Rules {
 	out := map[string]*Rules{}
+	if len(e.dirty) > 0 {
+		e.weights = nil // a recomputation rewrites polLocal
+	}
 	e.memo = map[string][]*Pod{}
 	defer func() { e.memo = nil }()
 	// Local pods alike in all the engine's computation reads of them
@@ -769,36 +827,47 @@ func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 	if len(flip) == 0 {
 		return old
 	}
-	var add, del []Allow
+	// The flips that changed membership, each with its position in the
+	// old list (an addition's insertion point, a deletion's index).
+	type at struct {
+		a   Allow
+		pos int
+	}
+	var add, del []at
 	for a := range flip {
-		_, was := slices.BinarySearchFunc(old.Allow, a, cmpAllow)
+		pos, was := slices.BinarySearchFunc(old.Allow, a, cmpAllow)
 		now := set[a] > 0
 		switch {
 		case now && !was:
-			add = append(add, a)
+			add = append(add, at{a, pos})
 		case was && !now:
-			del = append(del, a)
+			del = append(del, at{a, pos})
 		}
 	}
 	if len(add) == 0 && len(del) == 0 {
 		return old
 	}
-	slices.SortFunc(add, cmpAllow)
-	slices.SortFunc(del, cmpAllow) // a sorted subset of old.Allow
+	byAllow := func(x, y at) int { return cmpAllow(x.a, y.a) }
+	slices.SortFunc(add, byAllow)
+	slices.SortFunc(del, byAllow)
+	// Copy the old list in runs between the changes (an addition goes
+	// before the old allow at its insertion point, which a deletion at
+	// the same point then skips).
 	out := make([]Allow, 0, len(old.Allow)+len(add)-len(del))
-	i, j := 0, 0
-	for _, a := range old.Allow {
-		if j < len(del) && del[j] == a {
-			j++
+	from, i, j := 0, 0, 0
+	for i < len(add) || j < len(del) {
+		if i < len(add) && (j == len(del) || add[i].pos <= del[j].pos) {
+			out = append(out, old.Allow[from:add[i].pos]...)
+			out = append(out, add[i].a)
+			from = add[i].pos
+			i++
 			continue
 		}
-		for i < len(add) && cmpAllow(add[i], a) < 0 {
-			out = append(out, add[i])
-			i++
-		}
-		out = append(out, a)
+		out = append(out, old.Allow[from:del[j].pos]...)
+		from = del[j].pos + 1
+		j++
 	}
-	d.Allow = append(out, add[i:]...)
+	d.Allow = append(out, old.Allow[from:]...)
 	return d
 }
 

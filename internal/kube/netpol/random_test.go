@@ -18,11 +18,16 @@ import (
 // rules equal those of a new engine fed the same objects at once.
 func TestIncrementalEqualsScratch(t *testing.T) {
 	for _, seed := range []uint64{7, 1, 2, 3, 4, 5} {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { incrementalEqualsScratch(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { incrementalEqualsScratch(t, seed, false) })
+	}
+	// Many policies alike in peers and ports (one signature, few shapes),
+	// as the bench's: a peer's change is applied once per shape, weighted.
+	for _, seed := range []uint64{8, 9, 10} {
+		t.Run(fmt.Sprintf("alike-%d", seed), func(t *testing.T) { incrementalEqualsScratch(t, seed, true) })
 	}
 }
 
-func incrementalEqualsScratch(t *testing.T, seed uint64) {
+func incrementalEqualsScratch(t *testing.T, seed uint64, alike bool) {
 	r := rand.New(rand.NewPCG(seed, 11))
 	pick := func(vs ...string) string { return vs[r.IntN(len(vs))] }
 	randPod := func(i int) *Pod {
@@ -63,6 +68,21 @@ func incrementalEqualsScratch(t *testing.T, seed uint64) {
 	}
 	randPolicy := func(i int) *networkingv1.NetworkPolicy {
 		spec := networkingv1.NetworkPolicySpec{}
+		if alike {
+			port := ptr(intstr.FromInt32(int32(80 + r.IntN(2))))
+			if r.IntN(3) == 0 {
+				port = ptr(intstr.FromString("web"))
+			}
+			ports := []networkingv1.NetworkPolicyPort{{Port: port}}
+			peers := []networkingv1.NetworkPolicyPeer{{PodSelector: sel("tier", "1")}}
+			if r.IntN(2) == 0 {
+				spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers, Ports: ports}}
+			} else {
+				spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: peers, Ports: ports}}
+				spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+			}
+			return pol("a", fmt.Sprintf("np%d", i), sel("app", pick("x", "y", "z")), spec)
+		}
 		for range r.IntN(3) {
 			var peers []networkingv1.NetworkPolicyPeer
 			for range r.IntN(3) {
@@ -115,7 +135,11 @@ func incrementalEqualsScratch(t *testing.T, seed uint64) {
 			nss[n] = l
 			e.SetNamespace(n, l)
 		case 7, 8:
-			p := randPolicy(r.IntN(8))
+			n := 8
+			if alike {
+				n = 40
+			}
+			p := randPolicy(r.IntN(n))
 			for k, q := range pols {
 				if q.Name == p.Name && k != p.Namespace+"/"+p.Name {
 					e.DeletePolicy(q.Namespace, q.Name)

@@ -195,20 +195,20 @@ func (r *Rules) Equal(o *Rules) bool {
 	return r.IP == o.IP && eq(r.Ingress, o.Ingress) && eq(r.Egress, o.Egress)
 }
 
+// cmpAllow orders allows by peer range, protocol and port range (the
+// order policypath expects), comparing the fields packed into two
+// integers.
 func cmpAllow(a, b Allow) int {
-	if c := cmp.Compare(a.PeerLo, b.PeerLo); c != 0 {
-		return c
+	ah := uint64(a.PeerLo)<<32 | uint64(a.PeerHi)
+	bh := uint64(b.PeerLo)<<32 | uint64(b.PeerHi)
+	if ah != bh {
+		if ah < bh {
+			return -1
+		}
+		return 1
 	}
-	if c := cmp.Compare(a.PeerHi, b.PeerHi); c != 0 {
-		return c
-	}
-	if a.Proto != b.Proto {
-		return int(a.Proto) - int(b.Proto)
-	}
-	if a.PortLo != b.PortLo {
-		return int(a.PortLo) - int(b.PortLo)
-	}
-	return int(a.PortHi) - int(b.PortHi)
+	return cmp.Compare(uint64(a.Proto)<<32|uint64(a.PortLo)<<16|uint64(a.PortHi),
+		uint64(b.Proto)<<32|uint64(b.PortLo)<<16|uint64(b.PortHi))
 }
 
 // policy is a compiled NetworkPolicy.
@@ -221,6 +221,10 @@ type policy struct {
 	// the same for them (namespace, types, peers, named ports): a pod's
 	// change checks each distinct signature once.
 	peerSig string
+	// shape is equal for two policies of one signature exactly when
+	// their rules also have the same ports: for a given local pod and
+	// peer they contribute the same allows (see peersChanged).
+	shape string
 }
 
 func (p *policy) signature() string {
@@ -299,7 +303,22 @@ func compile(np *networkingv1.NetworkPolicy, sc *selCache) (*policy, error) {
 		p.egRules = append(p.egRules, cr)
 	}
 	p.peerSig = p.signature()
+	p.shape = p.portsShape()
 	return p, nil
+}
+
+// portsShape encodes the ports of p's rules, in order.
+func (p *policy) portsShape() string {
+	var b strings.Builder
+	for d, rs := range [][]rule{p.inRules, p.egRules} {
+		for _, r := range rs {
+			fmt.Fprintf(&b, "|%d:%v", d, r.allPorts)
+			for _, pt := range r.ports {
+				fmt.Fprintf(&b, ";%d/%v/%s/%d/%d", pt.proto, pt.all, pt.name, pt.lo, pt.hi)
+			}
+		}
+	}
+	return b.String()
 }
 
 func compileRule(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, sc *selCache) (rule, error) {
