@@ -57,14 +57,22 @@ func (v *vpcState) has(vni uint32, gws []net.IPNet) bool {
 	return true
 }
 
-func (v *vpcState) setGateways(vni uint32, gws []net.IPNet) {
+// setGateways records the gateways a VPC was ensured with and returns
+// those it had been ensured with before that it no longer has.
+func (v *vpcState) setGateways(vni uint32, gws []net.IPNet) (gone []string) {
 	set := map[string]bool{}
 	for _, g := range gws {
 		set[g.String()] = true
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	for g := range v.gateways[vni] {
+		if !set[g] {
+			gone = append(gone, g)
+		}
+	}
 	v.gateways[vni] = set
+	return gone
 }
 
 // forget makes the next plug or sync ensure the VPC in full.
@@ -137,7 +145,12 @@ func (a *Agent) ensureVPC(ctx context.Context, vni uint32, extra ...datapath.Por
 	if err := a.dp.EnsureVPC(ctx, datapath.VPCSpec{VNI: vni, Gateways: gws}); err != nil {
 		return err
 	}
-	a.vpcs.setGateways(vni, gws)
+	if gone := a.vpcs.setGateways(vni, gws); len(gone) > 0 {
+		// Rare (a subnet's last port here and on the remote hosts
+		// left), and every local pod of that subnet loses its
+		// gateway: worth a line when it is not expected.
+		a.log.Info("vpc gateways removed", "vni", vni, "gateways", gone, "local_ports", len(specs)-len(extra))
+	}
 	return nil
 }
 
