@@ -89,6 +89,25 @@ type Config struct {
 	Logger          *slog.Logger
 	// Metrics, when set, gets the agent's Prometheus metrics (metrics.go).
 	Metrics prometheus.Registerer
+
+	// hooks are for this package's tests only; the zero value is what
+	// a real agent runs with.
+	hooks hooks
+}
+
+// hooks let a test see and steer what the agent does with time, so that
+// a test proving that something does not happen waits on an event, not
+// on a sleep. Nil fields do nothing (now: time.Now).
+type hooks struct {
+	// now is the clock of the VPC linger (when a VPC was found empty,
+	// how long it is kept still). The linger's timer itself runs on
+	// real time: a test with a fixed clock queues the VPC's key to
+	// stand for it.
+	now func() time.Time
+	// lingered is called once syncVPC has decided on a VPC without
+	// local ports: kept for left more (left > 0, its timer armed for
+	// that), or removed (left <= 0, after the datapath removed it).
+	lingered func(vni uint32, left time.Duration)
 }
 
 // Agent reconciles this host's datapath with the controller. Build it with
@@ -150,6 +169,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.hooks.now == nil {
+		cfg.hooks.now = time.Now
 	}
 	q := newQueue(cfg.BackoffBase, cfg.BackoffMax)
 	return &Agent{

@@ -115,7 +115,7 @@ func (v *vpcState) drop(vni uint32) {
 // clock the first time the VPC is found empty. A VPC the agent never
 // programmed itself (an orphan found by a resync, or one left by an
 // earlier run) is not kept.
-func (v *vpcState) lingerLeft(vni uint32, linger time.Duration) time.Duration {
+func (v *vpcState) lingerLeft(vni uint32, linger time.Duration, now time.Time) time.Duration {
 	if linger <= 0 {
 		return 0
 	}
@@ -126,10 +126,10 @@ func (v *vpcState) lingerLeft(vni uint32, linger time.Duration) time.Duration {
 	}
 	since, ok := v.empty[vni]
 	if !ok {
-		since = time.Now()
+		since = now
 		v.empty[vni] = since
 	}
-	return linger - time.Since(since)
+	return linger - now.Sub(since)
 }
 
 // ensureVPC creates or repairs the VPC with the gateways of every local
@@ -177,16 +177,29 @@ func (a *Agent) syncVPC(ctx context.Context, vni uint32) error {
 	if done, err := a.programVPC(ctx, vni); done {
 		return err
 	}
-	if wait := a.vpcs.lingerLeft(vni, a.cfg.VPCLinger); wait > 0 {
+	wait := a.vpcs.lingerLeft(vni, a.cfg.VPCLinger, a.cfg.hooks.now())
+	if wait > 0 {
 		// Keep the VPC a while for the next pod; look again then.
 		// Remote changes are not programmed meanwhile, so the next
 		// plug must queue a full VPC sync.
 		a.vpcs.setReady(vni, false)
 		a.q.AddAfter(vpcKey(vni), wait)
+		a.lingered(vni, wait)
 		return nil
 	}
 	a.vpcs.drop(vni)
-	return a.dp.DeleteVPC(ctx, vni)
+	if err := a.dp.DeleteVPC(ctx, vni); err != nil {
+		return err
+	}
+	a.lingered(vni, wait)
+	return nil
+}
+
+// lingered tells a test's hook what syncVPC decided on an empty VPC.
+func (a *Agent) lingered(vni uint32, left time.Duration) {
+	if f := a.cfg.hooks.lingered; f != nil {
+		f(vni, left)
+	}
 }
 
 // programVPC ensures a VPC that has local ports and programs its remote

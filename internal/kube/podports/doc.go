@@ -31,11 +31,17 @@
 // hands a key to two workers at once, orders a sync that read the pod
 // before its deletion before the one that sees it gone. A full resync (at
 // start and every Config.Resync) lists the controller's ports and
-// subnets once, enqueues the pods whose port or annotation is missing and
-// the UIDs of ports without an eligible pod, and the namespaces whose
-// subnet is missing or stale, so kill -9 at any moment followed by a restart
-// converges: ids are derived from UIDs, creates that find their object
-// existing adopt it, and annotations are rewritten from the port.
+// subnets once, enqueues the pods whose port is missing or whose
+// annotation is not, all of it, what the watcher would write for that
+// port now, the UIDs of ports without an eligible pod, and the namespaces
+// whose subnet is missing or stale, so kill -9 at any moment followed by
+// a restart converges: ids are derived from UIDs, creates that find their
+// object existing adopt it, and annotations are rewritten from the port.
+// A pod's owner may edit its annotation: between resyncs, a pod's update
+// event is synced unless its annotation matches the digest of the one
+// the watcher last wrote or found in place for it (Watcher.written, one
+// entry per pod that has a port), so an edited address, MAC or host is
+// rewritten at once.
 //
 // Leader election: with Config.Lease set, only the holder of that Lease
 // (client-go leaderelection, through internal/kube/ctrl) runs workers and

@@ -17,9 +17,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/workqueue"
 
 	"kurma.dev/kurma/internal/kube/ctrl"
+	"kurma.dev/kurma/internal/kube/podnet"
 	"kurma.dev/kurma/pkg/controllerapi"
 	"kurma.dev/kurma/pkg/kerrors"
 )
@@ -540,5 +542,122 @@ func TestCompactPod(t *testing.T) {
 	}
 	if !eligible(c) {
 		t.Fatal("compact pod not eligible")
+	}
+}
+
+// TestForgedAnnotationRewritten: an annotation whose pod UID and port id
+// are right but whose addresses, MAC, host or gateway were edited (by the
+// pod's owner, who may patch the pod) is rewritten from the port: when
+// the edit comes while the watcher runs (the pod's update event), and
+// when the watcher finds it at start (its first resync compares the whole
+// annotation with the listed port). A pod whose annotation is in place
+// is not patched.
+func TestForgedAnnotationRewritten(t *testing.T) {
+	subnet := controllerapi.Subnet{ID: SubnetID("nsuid"), Name: "ns", NetworkID: "k8s-pods", CIDR: "10.32.0.0/16", GatewayIP: "10.32.0.1"}
+	port := func(uid string, n int) controllerapi.Port {
+		return controllerapi.Port{ID: PortID(types.UID(uid)), ProjectID: "k8s", NetworkID: subnet.ID, DeviceID: uid,
+			DeviceOwner: Owner, BindingHostID: "n1", MACAddress: fmt.Sprintf("02:00:00:00:00:%02x", n),
+			FixedIPs: []controllerapi.FixedIP{{SubnetID: subnet.ID, IPAddress: fmt.Sprintf("10.32.0.%d", n)}}}
+	}
+	valueOf := func(t *testing.T, p controllerapi.Port) string {
+		t.Helper()
+		v, err := annotationFor(&p, &subnet, types.UID(p.DeviceID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	forge := func(t *testing.T, v string, edit func(n *podnet.Network)) string {
+		t.Helper()
+		nets, err := podnet.Decode(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := nets[podnet.DefaultNetwork]
+		edit(&n)
+		nets[podnet.DefaultNetwork] = n
+		out, err := podnet.Encode(nets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	annotation := func(e *fakeEnv, name string) string {
+		p, err := e.kube.CoreV1().Pods("ns").Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return p.Annotations[podnet.Annotation]
+	}
+	waitAnnotation := func(e *fakeEnv, name, want string) {
+		e.t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for got := annotation(e, name); !sameAnnotation(got, want); got = annotation(e, name) {
+			if time.Now().After(deadline) {
+				e.t.Fatalf("pod %s annotated %s after 10s, want %s", name, got, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	patchesOf := func(e *fakeEnv, name string) int {
+		n := 0
+		for _, a := range e.kube.Actions() {
+			if a, ok := a.(k8stesting.PatchAction); ok && a.GetName() == name {
+				n++
+			}
+		}
+		return n
+	}
+	node, ns := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, testNS("ns", "nsuid")
+	for _, tc := range []struct {
+		name string
+		edit func(n *podnet.Network)
+	}{
+		{"address", func(n *podnet.Network) { n.IPs = []string{"10.32.0.200/16"} }},
+		{"MAC", func(n *podnet.Network) { n.MAC = "02:00:00:00:00:c8" }},
+		{"host", func(n *podnet.Network) { n.HostID = "n2" }},
+		{"gateway", func(n *podnet.Network) { n.Gateways = []string{"10.32.0.254"} }},
+		{"routes", func(n *podnet.Network) { n.Routes = []podnet.Route{{Dest: "10.96.0.0/12"}} }},
+	} {
+		t.Run(tc.name+" edited while the watcher runs", func(t *testing.T) {
+			e := startFake(t, node, ns, testPod("ns", "p", "u1", "n1"))
+			e.run()
+			deadline := time.Now().Add(10 * time.Second)
+			for !e.fc.hasPort(PortID("u1")) || annotation(e, "p") == "" {
+				if time.Now().After(deadline) {
+					t.Fatal("pod p not annotated within 10s")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			e.waitIdle()
+			want := annotation(e, "p")
+			p, err := e.kube.CoreV1().Pods("ns").Get(context.Background(), "p", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Annotations[podnet.Annotation] = forge(t, want, tc.edit)
+			if _, err := e.kube.CoreV1().Pods("ns").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitAnnotation(e, "p", want)
+		})
+		t.Run(tc.name+" found at start", func(t *testing.T) {
+			forged, good := testPod("ns", "p", "u1", "n1"), testPod("ns", "q", "u2", "n1")
+			forged.Annotations = map[string]string{podnet.Annotation: forge(t, valueOf(t, port("u1", 5)), tc.edit)}
+			good.Annotations = map[string]string{podnet.Annotation: valueOf(t, port("u2", 6))}
+			e := startFake(t, node, ns, forged, good)
+			e.fc.subnets[subnet.ID] = subnet
+			e.fc.ports[PortID("u1")], e.fc.ports[PortID("u2")] = port("u1", 5), port("u2", 6)
+			e.kube.ClearActions()
+			e.run()
+			waitAnnotation(e, "p", valueOf(t, port("u1", 5)))
+			e.waitIdle()
+			if n := patchesOf(e, "q"); n != 0 {
+				t.Fatalf("pod q, annotated in place, patched %d times", n)
+			}
+			if n := patchesOf(e, "p"); n != 1 {
+				t.Fatalf("pod p patched %d times, want once", n)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package podports
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -99,6 +101,11 @@ type Watcher struct {
 
 	mu      sync.Mutex                       // guards subnets; held while allocating a range
 	subnets map[string]*controllerapi.Subnet // by namespace UID
+
+	// wmu guards written: the digest (digestOf) of the annotation last
+	// written or found in place, by pod UID, while the pod has a port.
+	wmu     sync.Mutex
+	written map[types.UID][sha256.Size]byte
 }
 
 const uidIndex = "uid"
@@ -133,7 +140,7 @@ func New(cfg Config) (*Watcher, error) {
 		cfg.Logger = slog.Default()
 	}
 	w := &Watcher{cfg: cfg, kube: cfg.Kube, c: cfg.Controller, log: cfg.Logger,
-		subnets: map[string]*controllerapi.Subnet{}}
+		subnets: map[string]*controllerapi.Subnet{}, written: map[types.UID][sha256.Size]byte{}}
 	// Informers of their own, no informer resync (the watcher's own full
 	// resync covers drift), and no namespace index on pods (nothing here
 	// lists pods by namespace).

@@ -2,6 +2,7 @@ package podports
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,12 +40,27 @@ func eligible(p *corev1.Pod) bool {
 		p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
-// annotated reports whether a pod's annotation already describes its
-// port.
-func annotated(p *corev1.Pod) bool {
+// annotated reports whether a pod's annotation is, all of it, the one
+// the watcher last wrote (or found in place) for the pod's port: its
+// addresses, MAC, host and gateways as well as its pod UID and port id,
+// which a pod's owner can keep while editing the rest. Without a record
+// (a watcher that has just started or taken the lease) only the pod UID
+// and port id are checked here; the resync, which runs first, compares
+// the rest with the listed ports (annotatedAs).
+func (w *Watcher) annotated(p *corev1.Pod) bool {
 	v, ok := p.Annotations[podnet.Annotation]
 	if !ok {
 		return false
+	}
+	w.wmu.Lock()
+	rec, recorded := w.written[p.UID]
+	w.wmu.Unlock()
+	if recorded {
+		if sha256.Sum256([]byte(v)) == rec {
+			return true // the very value written: no need to decode it
+		}
+		d, ok := digestOf(v)
+		return ok && d == rec
 	}
 	ns, err := podnet.Decode(v)
 	if err != nil {
@@ -52,6 +68,64 @@ func annotated(p *corev1.Pod) bool {
 	}
 	n, _ := ns.Default()
 	return n.PodUID == string(p.UID) && n.PortID == PortID(p.UID)
+}
+
+// annotatedAs reports whether a pod's annotation is what the watcher
+// would write for port (listed by the resync) in the pod's namespace's
+// subnet (from subnets, by id), and records it when it is.
+func (w *Watcher) annotatedAs(p *corev1.Pod, port *controllerapi.Port, subnets map[string]*controllerapi.Subnet) bool {
+	ns, err := w.nss.Get(p.Namespace)
+	if err != nil {
+		return false
+	}
+	sn := subnets[SubnetID(ns.UID)]
+	if sn == nil {
+		return false
+	}
+	want, err := annotationFor(port, sn, p.UID)
+	if err != nil {
+		return false
+	}
+	have, ok := digestOf(p.Annotations[podnet.Annotation])
+	if d, _ := digestOf(want); !ok || have != d {
+		return false
+	}
+	w.remember(p.UID, want)
+	return true
+}
+
+// digestOf is the digest of an annotation value's content: two values
+// that decode alike have one digest. ok is false for a value that does
+// not decode.
+func digestOf(v string) (d [sha256.Size]byte, ok bool) {
+	ns, err := podnet.Decode(v)
+	if err != nil {
+		return d, false
+	}
+	c, err := podnet.Encode(ns)
+	if err != nil {
+		return d, false
+	}
+	return sha256.Sum256([]byte(c)), true
+}
+
+// remember records the annotation written (or found in place) for the
+// pod with this UID; forget drops the record with the pod's port.
+func (w *Watcher) remember(uid types.UID, val string) {
+	d, ok := digestOf(val)
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	if ok {
+		w.written[uid] = d
+	} else {
+		delete(w.written, uid)
+	}
+}
+
+func (w *Watcher) forget(uid types.UID) {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	delete(w.written, uid)
 }
 
 // podKey is the one queue key of everything done for the pod with this
@@ -66,7 +140,7 @@ func (w *Watcher) onPod(o any) {
 		return
 	}
 	switch {
-	case eligible(p) && !annotated(p):
+	case eligible(p) && !w.annotated(p):
 		w.q.Add(podKey(p.UID))
 	case !eligible(p) && p.Spec.NodeName != "" && !p.Spec.HostNetwork:
 		w.q.Add(podKey(p.UID)) // finished: its port goes
@@ -176,6 +250,10 @@ func (w *Watcher) syncPod(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: %w", nsName, name, err)
 	}
+	// Recorded before the patch: the pod's update event that the patch
+	// brings finds its annotation in place (a failed patch leaves a
+	// record the pod does not match, so its next event syncs it again).
+	w.remember(pod.UID, val)
 	if sameAnnotation(pod.Annotations[podnet.Annotation], val) {
 		return nil
 	}
@@ -317,6 +395,7 @@ func (w *Watcher) collectUID(ctx context.Context, uid types.UID) error {
 
 // deletePort deletes the port of a pod UID; a missing port is success.
 func (w *Watcher) deletePort(ctx context.Context, uid types.UID) error {
+	w.forget(uid)
 	err := w.c.DeletePort(ctx, w.cfg.Project, PortID(uid))
 	if err == nil {
 		w.log.Debug("port deleted", "port", PortID(uid))
@@ -457,27 +536,18 @@ func (w *Watcher) resync(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("resync: list ports: %w", err)
 	}
-	have := map[string]bool{}
-	for _, p := range ports {
+	have := map[string]*controllerapi.Port{}
+	for i, p := range ports {
 		if p.DeviceOwner != Owner || p.ID != PortID(types.UID(p.DeviceID)) {
 			continue
 		}
-		have[p.ID] = true
+		have[p.ID] = &ports[i]
 		live, err := w.liveUID(types.UID(p.DeviceID))
 		if err != nil {
 			return err
 		}
 		if !live {
 			w.q.Add(podKey(types.UID(p.DeviceID))) // its pod is gone
-		}
-	}
-	pods, err := w.pods.List(everything())
-	if err != nil {
-		return err
-	}
-	for _, p := range pods {
-		if eligible(p) && (!annotated(p) || !have[PortID(p.UID)]) {
-			w.q.Add(podKey(p.UID))
 		}
 	}
 	// Subnets are listed once here; only the namespaces whose subnet is
@@ -488,8 +558,26 @@ func (w *Watcher) resync(ctx context.Context) error {
 		return fmt.Errorf("resync: list subnets: %w", err)
 	}
 	exists := map[string]bool{}
-	for _, s := range subs {
+	byID := map[string]*controllerapi.Subnet{}
+	for i, s := range subs {
 		exists[s.ID] = true
+		byID[s.ID] = &subs[i]
+	}
+	// A pod is synced unless its port exists and its annotation is, all
+	// of it, what the watcher would write for that port now: one whose
+	// addresses, MAC or host were edited (by the pod's owner, or while
+	// the watcher was down) is rewritten.
+	pods, err := w.pods.List(everything())
+	if err != nil {
+		return err
+	}
+	for _, p := range pods {
+		if !eligible(p) {
+			continue
+		}
+		if port := have[PortID(p.UID)]; port == nil || !w.annotatedAs(p, port, byID) {
+			w.q.Add(podKey(p.UID))
+		}
 	}
 	w.mu.Lock()
 	for uid, c := range w.subnets {
