@@ -38,7 +38,11 @@
 // delta: each local pod keeps counted contributions (policy, rule, peer,
 // port) per Allow, and the peer's old contributions are taken out and its
 // new ones put in, without recomputation. Policies that name peers alike
-// share a signature, so a pod's change checks each signature once.
+// share a signature, so a pod's change checks each signature once; those
+// that also have the same ports share a shape, so the delta is applied
+// once per shape and local pod, weighted by how many of the shape's
+// policies select the pod (weights kept per signature until one of its
+// policies changes or a local pod is recomputed).
 // TestIncrementalEqualsScratch checks that the result always equals a
 // fresh computation.
 //
