@@ -102,7 +102,7 @@ func main() {
 	nodePorts := flag.Bool("nodeports", false, "also time NodePort adds (f) and externalTrafficPolicy Local endpoint changes (g)")
 	apiProfile := flag.String("apiserver-profile", "", "write a 30 s CPU profile of kube-apiserver, taken during the last fill, to this file")
 	fillHow := flag.String("fill", "etcd", "how the N Services are made: etcd (written into etcd as a restore would, see etcdfill.go) or api (created through the API server)")
-	keepLogs := flag.String("keep-logs", "", "on failure, copy the cluster's process logs into this new directory")
+	keepLogs := flag.String("keep-logs", "", "on failure, copy the cluster's process logs into this new directory (default: a new folder under $TMPDIR)")
 	fillStopped := flag.Bool("fill-stopped", true, "stop watcher and agent while the N Services are created; (a) is then their start → last VIP live")
 	flag.Parse()
 	var ns []int
@@ -190,12 +190,26 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, 
 	}
 	defer c.Close()
 	defer func() {
-		if retErr != nil && keepLogs != "" {
-			// The cluster's folder goes with Close: keep its logs.
-			if out, err := exec.Command("cp", "-r", filepath.Join(c.Dir, "logs"), keepLogs).CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "keep logs: %v: %s\n", err, out)
-			}
+		if retErr == nil {
+			return
 		}
+		// The cluster's folder goes with Close: keep its logs, in a
+		// new folder of the temporary directory unless -keep-logs
+		// names one (a rare miss is worth its logs every time).
+		dst := keepLogs
+		if dst == "" {
+			d, err := os.MkdirTemp("", "kbench-services-logs-")
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "keep logs: %v\n", err)
+				return
+			}
+			dst = filepath.Join(d, "logs")
+		}
+		if out, err := exec.Command("cp", "-r", filepath.Join(c.Dir, "logs"), dst).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "keep logs: %v: %s\n", err, out)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "cluster logs kept in %s\n", dst)
 	}()
 	kc := rest.CopyConfig(c.Config)
 	kc.QPS, kc.Burst = 5000, 10000
