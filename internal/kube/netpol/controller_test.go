@@ -73,10 +73,7 @@ func TestController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	ctx := runController(t, c)
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
 	if err := c.WaitPod(wctx, "a", "web", netip.MustParseAddr("10.0.0.1")); err != nil {
@@ -169,10 +166,7 @@ func TestFirstSyncSeesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	ctx := runController(t, c)
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
 	if err := c.WaitPod(wctx, "a", "p0", netip.MustParseAddr("10.0.0.1")); err != nil {
@@ -243,10 +237,7 @@ func TestAnnotationAddressVerified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	ctx := runController(t, c)
 	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer wcancel()
 	for _, p := range []struct{ key, ip string }{{"a/victim", "10.0.0.1"}, {"b/good", "10.0.0.7"}} {
@@ -303,4 +294,15 @@ func TestAnnotationAddressVerified(t *testing.T) {
 		r := dp.get("a/db")
 		return r != nil && strings.Contains(allows(r.Ingress), "10.0.1.6")
 	})
+}
+
+// runController runs c until the test ends and returns the context it
+// runs under.
+func runController(t *testing.T, c *Controller) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctx
 }
