@@ -35,28 +35,11 @@ func serveWho(t *testing.T, nsPath, addr, name string) {
 	if err != nil {
 		t.Fatalf("listen %s: %v", addr, err)
 	}
-	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-			_, _ = io.WriteString(c, name+" from "+h)
-			_ = c.Close()
-		}
-	}()
-	go func() {
-		b := make([]byte, 64)
-		for {
-			_, from, err := pc.ReadFrom(b)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte(name), from)
-		}
-	}()
+	testutil.ServeConns(t, ln, func(c net.Conn) {
+		h, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		_, _ = io.WriteString(c, name+" from "+h)
+	})
+	testutil.ServeDatagrams(t, pc, func(net.Addr) []byte { return []byte(name) })
 }
 
 // who dials addr (tcp or udp) from nsPath and returns the answering

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"kurma.dev/kurma/internal/testutil"
 )
 
 // here runs f in the test's own namespace (probeOnce's "in" argument).
@@ -27,16 +29,7 @@ func serve(t *testing.T, h func(net.Conn)) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); h(c) }()
-		}
-	}()
+	testutil.ServeConns(t, ln, h)
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 

@@ -80,18 +80,10 @@ func serveWho(t *testing.T, nsPath, addr, name string) {
 	if err != nil {
 		t.Fatalf("listen %s: %v", addr, err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-			_, _ = io.WriteString(c, name+" from "+h)
-			_ = c.Close()
-		}
-	}()
+	testutil.ServeConns(t, ln, func(c net.Conn) {
+		h, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		_, _ = io.WriteString(c, name+" from "+h)
+	})
 }
 
 // serveUDP answers every datagram on addr with name.

@@ -59,17 +59,7 @@ func Serve(t testing.TB, nsPath, addr, reply string) {
 	if err != nil {
 		t.Fatalf("listen %s in %s: %v", addr, nsPath, err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, reply)
-			_ = c.Close()
-		}
-	}()
+	testutil.ServeConns(t, ln, func(c net.Conn) { _, _ = io.WriteString(c, reply) })
 }
 
 // Dial connects from inside the namespace to addr and returns what the

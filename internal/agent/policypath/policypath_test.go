@@ -62,16 +62,7 @@ func serveEcho(t *testing.T, nsPath, addr string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); _ = c.Close() }()
-		}
-	}()
+	testutil.ServeConns(t, ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 }
 
 func newPath(t *testing.T, tp *topo) *Path {

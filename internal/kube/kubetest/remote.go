@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kurma.dev/kurma/internal/kube/cnid"
+	"kurma.dev/kurma/internal/testutil"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
 
@@ -61,25 +62,15 @@ func (e *Env) Forward(t testing.TB, nsPath, addr string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				u, err := e.C.DialContext(context.Background(), "tcp", addr)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				go func() { _, _ = io.Copy(u, c) }()
-				_, _ = io.Copy(c, u)
-			}()
+	testutil.ServeConns(t, ln, func(c net.Conn) {
+		u, err := e.C.DialContext(context.Background(), "tcp", addr)
+		if err != nil {
+			return
 		}
-	}()
+		defer u.Close()
+		go func() { _, _ = io.Copy(u, c) }()
+		_, _ = io.Copy(c, u)
+	})
 }
 
 // StartRemoteAgent runs a kurma-agent for node in its own network

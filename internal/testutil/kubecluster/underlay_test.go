@@ -105,27 +105,8 @@ func TestUnderlayNodePortHairpin(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = conn.Write([]byte("n2"))
-			_ = conn.Close()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte("n2"), from)
-		}
-	}()
+	testutil.ServeConns(t, ln, func(c net.Conn) { _, _ = c.Write([]byte("n2")) })
+	testutil.ServeDatagrams(t, pc, func(net.Addr) []byte { return []byte("n2") })
 
 	to := net.JoinHostPort(NodeIP, fmt.Sprint(nodePort))
 	for _, network := range []string{"tcp", "udp"} {
