@@ -86,8 +86,7 @@ func (w *Watcher) annotatedAs(p *corev1.Pod, port *controllerapi.Port, subnets m
 	if err != nil {
 		return false
 	}
-	have, ok := digestOf(p.Annotations[podnet.Annotation])
-	if d, _ := digestOf(want); !ok || have != d {
+	if !sameAnnotation(p.Annotations[podnet.Annotation], want) {
 		return false
 	}
 	w.remember(p.UID, want)
