@@ -240,13 +240,16 @@ func (c *Controller) recheck() {
 	if len(ok) == 0 {
 		return
 	}
-	c.event(func() {
+	// Not a watch event: its lag starts now, and a waiting event's
+	// arrival stamp stays for that event's handler.
+	now := time.Now()
+	c.apply(func() {
 		for _, p := range ok {
 			if c.unverified[p.Namespace+"/"+p.Name] == p {
 				c.setPod(p)
 			}
 		}
-	})
+	}, now, now)
 }
 
 // statusHas reports whether ip is one of p's status.podIPs (the
@@ -271,10 +274,17 @@ func (c *Controller) event(f func()) {
 	if a := c.arrived.Swap(0); a != 0 {
 		t = c.epoch.Add(time.Duration(a - 1))
 	}
+	c.apply(f, t, now)
+}
+
+// apply applies f to the engine under c.mu and wakes the sync loop; what
+// f dirties, if nothing was dirty yet, counts its lag from since (handled
+// is when its handler began).
+func (c *Controller) apply(f func(), since, handled time.Time) {
 	c.mu.Lock()
 	f()
 	if c.eng.Dirty() > 0 && c.since.IsZero() {
-		c.since, c.handled = t, now
+		c.since, c.handled = since, handled
 	}
 	c.mu.Unlock()
 	select {
