@@ -452,6 +452,19 @@ func (s *Store) BulkLoad(ctx context.Context, kvs []store.KV) error {
 // errClosed is what watches report when the store closes under them.
 var errClosed = errors.New("store closed")
 
+// committedRev reads the revision of the last commit from the database
+// (s.rev can trail it for the moment between a commit and its Store).
+func (s *Store) committedRev() (int64, error) {
+	var rev int64
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		rev = readRev(tx)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("read revision: %w", err)
+	}
+	return rev, nil
+}
+
 func readRev(tx *bolt.Tx) int64 {
 	if v := tx.Bucket(metaBucket).Get(revKey); len(v) == 8 {
 		return int64(binary.BigEndian.Uint64(v))

@@ -111,9 +111,18 @@ func (s *Store) Watch(ctx context.Context, prefix string, since int64) (store.Wa
 		return nil, kerrors.New(kerrors.Invalid, "negative revision %d", since)
 	}
 	if since > s.rev.Load() {
-		// A revision from the future (e.g. from before a restore): treat
-		// as compacted so the client re-lists.
-		return nil, kerrors.New(store.ErrCompacted, "revision %d is ahead of the store (%d)", since, s.rev.Load())
+		// The counter is set after a commit returns, so a List that read
+		// the revision inside its transaction may be just ahead of it:
+		// only a revision beyond the committed one is from the future
+		// (e.g. from before a restore), treated as compacted so that the
+		// client re-lists.
+		committed, err := s.committedRev()
+		if err != nil {
+			return nil, err
+		}
+		if since > committed {
+			return nil, kerrors.New(store.ErrCompacted, "revision %d is ahead of the store (%d)", since, committed)
+		}
 	}
 	if _, _, _, _, err := s.hub.since(since, prefix, 0); err != nil {
 		return nil, err

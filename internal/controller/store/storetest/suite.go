@@ -32,6 +32,7 @@ func Run(t *testing.T, open Opener) {
 		{"Bits", testBits},
 		{"ListPrefix", testList},
 		{"WatchResume", testWatch},
+		{"WatchFromListRevision", testWatchFromList},
 		{"NoLostUpdate", testNoLostUpdate},
 		{"ConcurrentBits", testConcurrentBits},
 	}
@@ -220,6 +221,57 @@ func testWatch(t *testing.T, a, b store.Store) {
 	}
 	cancel()
 	for range w.Events() {
+	}
+}
+
+// testWatchFromList: a watch from the revision a List returned always
+// starts, however close behind a commit the List ran (a client lists,
+// then watches from the list's revision), and it delivers only what came
+// after that revision.
+func testWatchFromList(t *testing.T, a, b store.Store) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			if _, err := a.Txn(ctx, store.Txn{Ops: []store.Op{put("l/"+strconv.Itoa(i%8), strconv.Itoa(i))}}); err != nil && ctx.Err() == nil {
+				errs <- err
+				return
+			}
+		}
+	})
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	for i := range 300 {
+		_, rev, err := b.List(ctx, "l/")
+		if err != nil {
+			t.Fatalf("list %d: %v", i, err)
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		w, err := b.Watch(wctx, "l/", rev)
+		if err != nil {
+			wcancel()
+			t.Fatalf("watch %d from the revision its list returned (%d): %v", i, rev, err)
+		}
+		select {
+		case ev, ok := <-w.Events():
+			if ok && ev.Rev <= rev {
+				wcancel()
+				t.Fatalf("watch %d from %d delivered revision %d", i, rev, ev.Rev)
+			}
+		case err := <-errs:
+			wcancel()
+			t.Fatalf("writer: %v", err)
+		case <-ctx.Done():
+			wcancel()
+			t.Fatalf("watch %d: no event while a writer commits", i)
+		}
+		wcancel()
+		for range w.Events() {
+		}
 	}
 }
 
