@@ -174,12 +174,13 @@ func New(cfg Config) (*Agent, error) {
 		cfg.hooks.now = time.Now
 	}
 	q := newQueue(cfg.BackoffBase, cfg.BackoffMax)
-	return &Agent{
-		cfg: cfg, dp: cfg.Datapath, c: cfg.Controller, log: cfg.Logger,
-		q: q, m: newMetrics(cfg.Metrics, q),
+	a := &Agent{
+		cfg: cfg, dp: cfg.Datapath, c: cfg.Controller, log: cfg.Logger, q: q,
 		ports: newPortCache(cfg.HostID), vpcs: newVPCState(), att: newAttachments(),
 		lb: newLBCache(), hc: newHealthChecks(cfg.HealthCheckAddr, cfg.Logger),
-	}, nil
+	}
+	a.m = newMetrics(cfg.Metrics, q, func() float64 { return float64(a.resyncs.Load()) })
+	return a, nil
 }
 
 // Synced is closed once the agent has listed its ports and queued the

@@ -11,7 +11,8 @@ import (
 // metrics are the agent's Prometheus metrics (Config.Metrics): how long
 // each sync of a key takes and how often it fails, by kind of key (port,
 // vpc, guards, lb), how long the datapath takes to plug a port, and how
-// many keys wait in the queue. A nil *metrics records nothing.
+// many keys wait in the queue, and how many periodic resyncs ran. A nil
+// *metrics records nothing.
 type metrics struct {
 	sync   *prometheus.HistogramVec
 	errors *prometheus.CounterVec
@@ -24,7 +25,7 @@ type metrics struct {
 // creation under load (seconds).
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
-func newMetrics(reg prometheus.Registerer, q *queue) *metrics {
+func newMetrics(reg prometheus.Registerer, q *queue, resyncs func() float64) *metrics {
 	if reg == nil {
 		return nil
 	}
@@ -54,7 +55,10 @@ func newMetrics(reg prometheus.Registerer, q *queue) *metrics {
 	reg.MustRegister(m.sync, m.errors, m.plug, m.wait, m.attach,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kurma_agent_queue_depth", Help: "Keys waiting to be synced (delayed retries not counted).",
-		}, func() float64 { return float64(q.Len()) }))
+		}, func() float64 { return float64(q.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kurma_agent_resyncs_total", Help: "Periodic full level checks queued since the agent started.",
+		}, resyncs))
 	return m
 }
 

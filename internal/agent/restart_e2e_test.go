@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +114,52 @@ func agentReady(h *host) bool {
 	return res.StatusCode == http.StatusOK
 }
 
+// agentMetric reads one unlabelled metric of the agent in h's namespace.
+func agentMetric(h *host, name string) (float64, error) {
+	res, err := nsHTTPClient(h.ns).Get("http://127.0.0.1:9697/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in the agent's metrics", name)
+}
+
+// waitResyncs waits until the agent on h has run n more periodic
+// resyncs than now and has nothing queued: whatever those resyncs found
+// to do is done.
+func waitResyncs(t *testing.T, h *host, n float64) {
+	t.Helper()
+	var start float64
+	until(t, 10*time.Second, "the agent's resync count on "+h.id, func() error {
+		var err error
+		start, err = agentMetric(h, "kurma_agent_resyncs_total")
+		return err
+	})
+	until(t, 30*time.Second, fmt.Sprintf("%v resyncs of the agent on %s with an empty queue", n, h.id), func() error {
+		got, err := agentMetric(h, "kurma_agent_resyncs_total")
+		if err != nil {
+			return err
+		}
+		depth, err := agentMetric(h, "kurma_agent_queue_depth")
+		if err != nil {
+			return err
+		}
+		if got < start+n || depth != 0 {
+			return fmt.Errorf("%v resyncs since %v, %v keys queued", got-start, start, depth)
+		}
+		return nil
+	})
+}
+
 // TestAgentRestartKeepsDatapath: an agent stopped and started again (as a
 // rolling upgrade does) leaves its host's kernel state as it was: the
 // same nft ruleset and set elements, links, addresses, routes,
@@ -158,8 +206,10 @@ func TestAgentRestartKeepsDatapath(t *testing.T) {
 			return nil
 		})
 	}
-	// Settled: two resync periods with nothing to do.
-	time.Sleep(2500 * time.Millisecond)
+	// Settled: two more resyncs on each host, and nothing queued.
+	for _, h := range c.hosts {
+		waitResyncs(t, h, 2)
+	}
 	before := map[string]map[string][]string{}
 	var mons []func() []string
 	for _, h := range c.hosts {
@@ -206,8 +256,8 @@ func TestAgentRestartKeepsDatapath(t *testing.T) {
 			return nil
 		})
 		t.Logf("agent on %s ready %v after its restart", h.id, time.Since(restarted).Round(time.Millisecond))
-		// Several resync periods (1 s) of the new agent.
-		time.Sleep(3 * time.Second)
+		// Several resyncs of the new agent.
+		waitResyncs(t, h, 3)
 	}
 	close(stop)
 	wg.Wait()
