@@ -24,7 +24,10 @@ const (
 // StartKubeProxy runs bin/k8s/kube-proxy for the first node in nftables
 // mode (the peer of Kurma's Services) and waits until it reports healthy,
 // that is, until its first sync is done. Its tables live in the cluster's
-// namespace; its conntrack flags keep it from writing host sysctls. It also
+// namespace. It sets the conntrack TCP timeouts of the node's network
+// namespace as on a real node (they are per namespace), but not the
+// conntrack table's size, which is the host's (--conntrack-max-per-core=0
+// and --conntrack-min=0 keep it from writing that). It also
 // routes ServiceCIDR through lo in the namespace (a node normally has a
 // default route), so that the node's own sockets can reach Service IPs.
 // extra flags are appended (e.g. --v=2 to log each "SyncProxyRules
@@ -50,7 +53,6 @@ func (n *Node) StartKubeProxy(ctx context.Context, extra ...string) (*Process, e
 	args := append([]string{
 		"--proxy-mode=nftables", "--kubeconfig=" + kubeconfig, "--hostname-override=" + n.Name,
 		"--conntrack-max-per-core=0", "--conntrack-min=0",
-		"--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(kubeProxyMetricsPort),
 		"--healthz-bind-address=127.0.0.1:" + strconv.Itoa(kubeProxyHealthzPort),
 	}, extra...)

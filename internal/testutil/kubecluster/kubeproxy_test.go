@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,8 +28,22 @@ func TestServiceThroughKubeProxy(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
+	const closeWait = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+	hostCloseWait, err := os.ReadFile(closeWait)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.StartKubeProxy(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// kube-proxy sets its node's CLOSE_WAIT timeout (1 h, as the upstream
+	// spec "KubeProxy should set TCP CLOSE_WAIT timeout" checks), in the
+	// node's namespace only.
+	if out, err := c.Command(ctx, "cat", closeWait).Output(); err != nil || strings.TrimSpace(string(out)) != "3600" {
+		t.Errorf("node's CLOSE_WAIT timeout = %q (%v), want 3600", out, err)
+	}
+	if now, err := os.ReadFile(closeWait); err != nil || string(now) != string(hostCloseWait) {
+		t.Errorf("host's CLOSE_WAIT timeout = %q (%v), was %q", now, err, hostCloseWait)
 	}
 	replicas := int32(2)
 	labels := map[string]string{"app": "svc-echo"}
@@ -61,7 +76,7 @@ func TestServiceThroughKubeProxy(t *testing.T) {
 			},
 		},
 	}
-	svc, err := c.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	svc, err = c.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
