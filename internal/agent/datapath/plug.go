@@ -169,7 +169,41 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	if err := d.configureHost(host, br, alias, !p.AdminDown); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
-	return forgetNeighbours(hs, br.Attrs().Index, p)
+	return d.forgetOtherNeighbours(hs, br.Attrs().Index, p)
+}
+
+// forgetOtherNeighbours is forgetNeighbours for a port whose pair was
+// already there (a restarted agent's plug, a repair): only the entries
+// that name another MAC than the port's go, so a plug that changes
+// nothing removes nothing (the host keeps its resolved entries across an
+// agent restart).
+func (d *Datapath) forgetOtherNeighbours(hs *nl.NetlinkSocket, brIndex int, p PortSpec) error {
+	mine := map[string]bool{}
+	fams := map[int]bool{}
+	for _, a := range p.Addrs {
+		mine[a.Addr.IP.String()] = true
+		if a.Addr.IP.To4() != nil {
+			fams[unix.AF_INET] = true
+		} else {
+			fams[unix.AF_INET6] = true
+		}
+	}
+	const resolved = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE
+	for fam := range fams {
+		ns, err := neighList(d.h, brIndex, fam)
+		if err != nil {
+			return fmt.Errorf("plug port %s: %w", p.ID, err)
+		}
+		for _, n := range ns {
+			if n.IP == nil || !mine[n.IP.String()] || n.State&resolved == 0 || bytes.Equal(n.HardwareAddr, p.MAC) {
+				continue
+			}
+			if err := delNeighbour(hs, brIndex, n.IP); err != nil {
+				return fmt.Errorf("plug port %s: forget neighbour %s: %w", p.ID, n.IP, err)
+			}
+		}
+	}
+	return nil
 }
 
 // forgetNeighbours removes the host's neighbour entries for the port's
