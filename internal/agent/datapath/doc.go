@@ -40,6 +40,18 @@
 // routing by the host itself (between two subnets of one VPC whose CIDR
 // another VPC on the same host also uses).
 //
+// Addresses move: a released address goes to the next port at once (a
+// subnet deleted and made again with the same CIDR starts again at its
+// first address), on this host or another. The host's own neighbour
+// entry for the address on the bridge (what it routes to it with: a
+// load balancer's DNAT, the node's probes, another subnet's pods) still
+// names the previous owner's MAC, and the kernel keeps using a confirmed
+// entry for up to one and a half base_reachable_time (45 s by default)
+// before it asks again. So Plug removes the host's entries for the
+// port's addresses, and SetRemotes those of every remote address it
+// adds, changes or removes: the host's next packet asks, and the new
+// owner (or the proxy, for a remote one) answers.
+//
 // Port security (SetGuards): a bridge-family table of the same name as the
 // inet one holds a prerouting chain of five fixed rules over five sets
 // keyed by the host-side veth's name (guard.go): frames a guarded port
@@ -55,12 +67,13 @@
 //
 // Plug and the RTNL lock: every rtnetlink request that changes something
 // takes the kernel's RTNL lock, which a burst of pod sandboxes (their
-// namespaces, loopbacks and pairs) contends for. A fresh plug sends 7
-// requests (TestPlugNetlinkRequests counts them): the pair made on its
-// bridge in one (the bridge's index kept from EnsureVPC) and the host
-// end's alias with its bridge port's hairpin mode in one more (the
-// creation cannot carry bridge port settings), on a socket of the plug's
-// own, then the container end's
+// namespaces, loopbacks and pairs) contends for. A fresh plug of a port
+// with one address sends 8 requests (TestPlugNetlinkRequests counts
+// them): the pair made on its bridge in one (the bridge's index kept from
+// EnsureVPC), the host end's alias with its bridge port's hairpin mode in
+// one more (the creation cannot carry bridge port settings) and the
+// removal of the host's neighbour entry for the address (one per
+// address), on a socket of the plug's own, then the container end's
 // lookup, alias, address, up and default route in the pod's namespace.
 //
 // Locking: a Datapath holds no mutable state besides its netlink handle

@@ -58,8 +58,10 @@ func isZeroMAC(m net.HardwareAddr) bool {
 
 // Plug creates the port's veth pair (or repairs an existing one), moves
 // the container end into the pod namespace, configures it and attaches the
-// host end to the VPC's bridge. It never creates a second link for a port:
-// an existing host end whose peer is still in place is reused.
+// host end to the VPC's bridge, then removes the host's neighbour entries
+// for the port's addresses (forgetNeighbours). It never creates a second
+// link for a port: an existing host end whose peer is still in place is
+// reused.
 func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 	if err := checkCtx(ctx); err != nil {
 		return err
@@ -99,7 +101,10 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		d.bridges.Store(p.VNI, ix)
 	}
 	if d.createVeth(hs, p, hostName, ix.(int), nsh) == nil {
-		return d.finishFresh(hs, ph, p, hostName, alias)
+		if err := d.finishFresh(hs, ph, p, hostName, alias); err != nil {
+			return err
+		}
+		return forgetNeighbours(hs, ix.(int), p)
 	}
 	d.bridges.Delete(p.VNI) // looked up afresh below
 	br, err := d.ownedLink(d.names.bridge(p.VNI), d.names.vpcAlias(p.VNI))
@@ -153,13 +158,87 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 			return fmt.Errorf("plug port %s: create veth %s: %w", p.ID, hostName, err)
 		}
 		d.bridges.Store(p.VNI, br.Attrs().Index)
-		return d.finishFresh(hs, ph, p, hostName, alias)
+		if err := d.finishFresh(hs, ph, p, hostName, alias); err != nil {
+			return err
+		}
+		return forgetNeighbours(hs, br.Attrs().Index, p)
 	}
 	if err := configurePod(ph, p, alias, d.mtu, false); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
 	if err := d.configureHost(host, br, alias, !p.AdminDown); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
+	}
+	return d.forgetOtherNeighbours(hs, br.Attrs().Index, p)
+}
+
+// forgetOtherNeighbours is forgetNeighbours for a port whose pair was
+// already there (a restarted agent's plug, a repair): only the entries
+// that name another MAC than the port's go, so a plug that changes
+// nothing removes nothing (the host keeps its resolved entries across an
+// agent restart).
+func (d *Datapath) forgetOtherNeighbours(hs *nl.NetlinkSocket, brIndex int, p PortSpec) error {
+	mine := map[string]bool{}
+	fams := map[int]bool{}
+	for _, a := range p.Addrs {
+		mine[a.Addr.IP.String()] = true
+		if a.Addr.IP.To4() != nil {
+			fams[unix.AF_INET] = true
+		} else {
+			fams[unix.AF_INET6] = true
+		}
+	}
+	const resolved = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE
+	for fam := range fams {
+		ns, err := neighList(d.h, brIndex, fam)
+		if err != nil {
+			return fmt.Errorf("plug port %s: %w", p.ID, err)
+		}
+		for _, n := range ns {
+			if n.IP == nil || !mine[n.IP.String()] || n.State&resolved == 0 || bytes.Equal(n.HardwareAddr, p.MAC) {
+				continue
+			}
+			if err := delNeighbour(hs, brIndex, n.IP); err != nil {
+				return fmt.Errorf("plug port %s: forget neighbour %s: %w", p.ID, n.IP, err)
+			}
+		}
+	}
+	return nil
+}
+
+// forgetNeighbours removes the host's neighbour entries for the port's
+// addresses on the VPC's bridge (index brIndex), through hs. An address
+// is reused as soon as it is released: the entry left by its previous
+// owner (a pod of this host, or of another host through the VXLAN
+// device) names that owner's MAC, and the kernel keeps using a
+// confirmed entry for up to one and a half base_reachable_time (45 s by
+// default), then probes that MAC for several more seconds, before it asks
+// again: meanwhile everything the host routes to the address (a
+// clusterIP or NodePort DNATed to it, the node's own probes) goes to a
+// MAC nobody answers for. A pod does not announce itself (no gratuitous
+// ARP), so the plug clears the way: the host's next packet asks afresh,
+// and the new owner answers.
+func forgetNeighbours(hs *nl.NetlinkSocket, brIndex int, p PortSpec) error {
+	for _, a := range p.Addrs {
+		if err := delNeighbour(hs, brIndex, a.Addr.IP); err != nil {
+			return fmt.Errorf("plug port %s: forget neighbour %s: %w", p.ID, a.Addr.IP, err)
+		}
+	}
+	return nil
+}
+
+// delNeighbour removes the neighbour entry for ip on the link of index
+// ix, in one request through s; none there is success.
+func delNeighbour(s *nl.NetlinkSocket, ix int, ip net.IP) error {
+	fam, dst := unix.AF_INET6, ip.To16()
+	if v4 := ip.To4(); v4 != nil {
+		fam, dst = unix.AF_INET, v4
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_DELNEIGH, unix.NLM_F_ACK)
+	req.AddData(&netlink.Ndmsg{Family: uint8(fam), Index: uint32(ix)})
+	req.AddData(nl.NewRtAttr(unix.NDA_DST, dst))
+	if err := request(s, req); err != nil && !isNoEnt(err) {
+		return err
 	}
 	return nil
 }

@@ -14,11 +14,13 @@ import (
 )
 
 // maxPlugRequests bounds the netlink requests of a fresh plug (its VPC
-// ensured): the pair's creation and the host end's alias in the host
+// ensured) of a port with one address: the pair's creation, the host
+// end's alias and the removal of the host's neighbour entry for the
+// address (its previous owner's MAC: see forgetNeighbours) in the host
 // namespace; the container end's lookup, alias, address, up and default
-// route in the pod's. Every request takes the kernel's RTNL lock, which a
+// route in the pod's. Most requests take the kernel's RTNL lock, which a
 // burst of pod sandboxes contends for.
-const maxPlugRequests = 7
+const maxPlugRequests = 8
 
 // plugOnceEnv makes TestPlugNetlinkRequests, run as a child, plug one
 // port between two markers instead of tracing.

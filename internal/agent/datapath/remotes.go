@@ -104,6 +104,9 @@ func (d *Datapath) SetRemotes(ctx context.Context, vni uint32, remotes []Remote)
 			if err := d.h.NeighDel(&del); err != nil && !isNoEnt(err) {
 				return fmt.Errorf("set remotes of vpc %d: remove neighbour %s: %w", vni, n.IP, err)
 			}
+			if err := d.forgetHostNeighbour(vx, n.IP); err != nil {
+				return fmt.Errorf("set remotes of vpc %d: %w", vni, err)
+			}
 		}
 	}
 	for ip, mac := range neigh {
@@ -120,6 +123,33 @@ func (d *Datapath) SetRemotes(ctx context.Context, vni uint32, remotes []Remote)
 		if err := d.h.NeighSet(n); err != nil {
 			return fmt.Errorf("set remotes of vpc %d: neighbour %s: %w", vni, ip, err)
 		}
+		if err := d.forgetHostNeighbour(vx, addr); err != nil {
+			return fmt.Errorf("set remotes of vpc %d: %w", vni, err)
+		}
+	}
+	return nil
+}
+
+// forgetHostNeighbour removes the host's own neighbour entry for ip on
+// the bridge the VXLAN device vx is attached to, when ip's remote entry
+// changed: the address moved (a pod of this host or of another host had
+// it before; the proxy may have answered for a remote owner that is
+// gone). Without it the host keeps sending to the old owner's MAC for
+// as long as its entry stays confirmed (see forgetNeighbours). Only
+// changed addresses are touched, so a sync that changes nothing sends
+// nothing.
+func (d *Datapath) forgetHostNeighbour(vx netlink.Link, ip net.IP) error {
+	br := vx.Attrs().MasterIndex
+	if br == 0 {
+		return nil
+	}
+	fam := unix.AF_INET6
+	if ip.To4() != nil {
+		fam = unix.AF_INET
+	}
+	n := &netlink.Neigh{LinkIndex: br, Family: fam, IP: ip}
+	if err := d.h.NeighDel(n); err != nil && !isNoEnt(err) {
+		return fmt.Errorf("forget host neighbour %s: %w", ip, err)
 	}
 	return nil
 }
