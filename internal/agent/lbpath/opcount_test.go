@@ -74,3 +74,71 @@ func TestApplyOpCounts(t *testing.T) {
 		})
 	}
 }
+
+// TestApplyOpCountsByKind: what one load balancer's first Apply writes,
+// as Kubernetes' Services ask (HostAccess, two local members), for a
+// ClusterIP, a NodePort and a NodePort with ExternalLocal, beside 0 and
+// 2,000 others of the same kind: one netlink transaction, no nft -f
+// (the pick chain exists), and a node port adds only its own handful of
+// elements (its class, its backends, its SNAT mark), nothing that grows
+// with the number of load balancers or node ports.
+func TestApplyOpCountsByKind(t *testing.T) {
+	kinds := []struct {
+		name               string
+		nodePort, local    bool
+		elements, messages int // elements written, element messages (one per set touched)
+	}{
+		{name: "ClusterIP", elements: 8, messages: 3},
+		{name: "NodePort", nodePort: true, elements: 12, messages: 6},
+		{name: "NodePort eTP Local", nodePort: true, local: true, elements: 11, messages: 5},
+	}
+	for _, k := range kinds {
+		for _, others := range []int{0, 2000} {
+			t.Run(fmt.Sprintf("%s/%d", k.name, others), func(t *testing.T) {
+				ctx := t.Context()
+				rec := &nfthost.Recorder{}
+				fake := knftables.NewFake(knftables.InetFamily, "kop")
+				p := barePath(Config{Table: "kop", Logger: slog.Default(), NodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}})
+				p.nft, p.w, p.r = fake, rec, rec
+				p.setTable(nfthost.Inet("kop"))
+				if err := p.writeSkeleton(ctx, "a", ""); err != nil {
+					t.Fatal(err)
+				}
+				lb := func(i int) LB {
+					l := LB{ID: fmt.Sprintf("s%d", i), Iface: "kopbr0", HostAccess: true, ExternalLocal: k.local,
+						VIP:       netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}),
+						Listeners: []Listener{{Proto: TCP, Port: 80, TargetPort: 8080}}}
+					if k.nodePort {
+						l.Listeners[0].NodePort = uint16(30000 + i)
+					}
+					for m := range 2 {
+						l.Members = append(l.Members, Member{Addr: netip.AddrFrom4([4]byte{10, byte(40 + m), byte(i >> 8), byte(i)}), Local: true})
+					}
+					return l
+				}
+				var bulk Changes
+				for i := range others {
+					bulk.LBs = append(bulk.LBs, lb(i+1))
+				}
+				// The first load balancer makes the pick chain: not part
+				// of a steady add.
+				bulk.LBs = append(bulk.LBs, lb(others+1))
+				if err := p.Apply(ctx, bulk); err != nil {
+					t.Fatal(err)
+				}
+				rec.Reset()
+				chains := len(fake.Table.Chains)
+				if err := p.Apply(ctx, Changes{LBs: []LB{lb(others + 2)}}); err != nil {
+					t.Fatal(err)
+				}
+				elements, added := rec.Added+rec.Deleted, len(fake.Table.Chains)-chains
+				t.Logf("%s beside %d others: %d elements in %d messages, %d transactions, %d chains added; by set %v",
+					k.name, others, elements, rec.Messages, rec.Transactions, added, rec.BySet)
+				if elements != k.elements || rec.Messages != k.messages || rec.Transactions != 1 || added != 0 {
+					t.Fatalf("got %d elements, %d messages, %d transactions, %d chains added; want %d, %d, 1, 0",
+						elements, rec.Messages, rec.Transactions, added, k.elements, k.messages)
+				}
+			})
+		}
+	}
+}

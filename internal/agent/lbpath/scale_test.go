@@ -2,9 +2,12 @@ package lbpath
 
 import (
 	"errors"
+	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"kurma.dev/kurma/internal/agent/nettest"
 	"kurma.dev/kurma/internal/testutil"
@@ -132,4 +135,65 @@ func TestRestartRewritesNothing(t *testing.T) {
 	if after := routes(); after != routesBefore {
 		t.Errorf("the routes changed:\nbefore:\n%s\nafter:\n%s", routesBefore, after)
 	}
+}
+
+// BenchmarkAddByKind: one load balancer added beside 30,000 others, as
+// Kubernetes' Services ask (HostAccess, two members), a ClusterIP and a
+// NodePort one after the other in each iteration (so that both see the
+// same load), Apply call to return (the kernel's commit included). It
+// reports each kind's mean and p99 and the ratio of the p99s: the
+// datapath's share of a NodePort add's tail in bench/k8s/services.
+func BenchmarkAddByKind(b *testing.B) {
+	tp := newTopo(b)
+	p := newPath(b, tp, "")
+	const others = 30000
+	lb := func(i int, nodePort uint16) LB {
+		l := LB{ID: "lb" + strconv.Itoa(i), Iface: bridge, HostAccess: true,
+			VIP:       netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}),
+			Listeners: []Listener{{Proto: TCP, Port: 80, TargetPort: 8080, NodePort: nodePort}},
+			Members: []Member{{Addr: netip.AddrFrom4([4]byte{10, 40, byte(i >> 8), byte(i)}), Local: true},
+				{Addr: netip.AddrFrom4([4]byte{10, 41, byte(i >> 8), byte(i)}), Local: true}}}
+		return l
+	}
+	var st State
+	for i := range others {
+		st.LBs = append(st.LBs, lb(i, 0))
+	}
+	if err := p.Sync(b.Context(), st); err != nil {
+		b.Fatal(err)
+	}
+	var ip, np []time.Duration
+	i := others
+	for b.Loop() {
+		for _, nodePort := range []uint16{0, uint16(30000 + len(np)%2768)} {
+			t0 := time.Now()
+			if err := p.Apply(b.Context(), Changes{LBs: []LB{lb(i, nodePort)}}); err != nil {
+				b.Fatal(err)
+			}
+			d := time.Since(t0)
+			i++
+			if nodePort == 0 {
+				ip = append(ip, d)
+			} else {
+				np = append(np, d)
+			}
+		}
+	}
+	mean := func(s []time.Duration) float64 {
+		var sum time.Duration
+		for _, d := range s {
+			sum += d
+		}
+		return float64(sum) / float64(len(s)) / 1e3
+	}
+	p99 := func(s []time.Duration) float64 {
+		s = slices.Clone(s)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(math.Ceil(0.99*float64(len(s))))-1)]) / 1e3
+	}
+	b.ReportMetric(mean(ip), "clusterip-µs/add")
+	b.ReportMetric(mean(np), "nodeport-µs/add")
+	b.ReportMetric(p99(ip), "clusterip-p99-µs")
+	b.ReportMetric(p99(np), "nodeport-p99-µs")
+	b.ReportMetric(p99(np)/p99(ip), "p99-ratio")
 }

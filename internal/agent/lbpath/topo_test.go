@@ -30,7 +30,7 @@ const (
 	ext    = "lbtext0"
 )
 
-func newTopo(t *testing.T) *topo {
+func newTopo(t testing.TB) *topo {
 	t.Helper()
 	testutil.RequireRoot(t)
 	tp := &topo{pods: map[string]string{}}
@@ -160,7 +160,7 @@ func eventually(t *testing.T, what string, f func() error) {
 	}
 }
 
-func newPath(t *testing.T, tp *topo, ext string) *Path {
+func newPath(t testing.TB, tp *topo, ext string) *Path {
 	t.Helper()
 	p, err := New(t.Context(), Config{HostNS: tp.host, Table: "lbt", ExtIface: ext})
 	if err != nil {
