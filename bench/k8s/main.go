@@ -167,6 +167,12 @@ type figures struct {
 	machineShare float64
 	// steps is the burst's ADD timeline (setup.Traced).
 	steps []addStep
+	// settle is the wait, before this round's cluster started, for the
+	// kernel to free the previous round's namespaces (settle.go);
+	// netnsBurst the namespaces the kernel held when the burst began.
+	settle     settled
+	netnsBurst int
+	load       string // /proc/loadavg's three averages when the burst began
 }
 
 func main() {
@@ -194,13 +200,26 @@ func main() {
 		os.Exit(1)
 	}
 	defer lock.Release()
+	base, err := netnsAlive()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench/k8s: %v\n", err)
+		os.Exit(1)
+	}
 	for i, name := range list {
 		f, ok := setups[name]
 		if !ok {
 			fmt.Fprintf(os.Stderr, "bench/k8s: unknown setup %q (have %v)\n", name, keys())
 			os.Exit(2)
 		}
+		// Every round, the first too, starts once the kernel has freed
+		// the namespaces of what ran before it.
+		st, err := settle(ctx, base, *settleQuiet, 2*time.Minute)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench/k8s: settle: %v\n", err)
+			os.Exit(1)
+		}
 		r, err := measure(ctx, name, f, binDir, *n, lock)
+		r.settle = st
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench/k8s: %s: %v\n", name, err)
 			_ = lock.Release()
@@ -296,6 +315,10 @@ func keys() []string {
 
 // keepLogs is the -keep-logs flag: a folder that receives a copy of each
 // round's cluster process logs (kubelet, containerd, the Kurma daemons).
+// settleQuiet is how long the kernel's count of network namespaces must
+// stop falling before a round starts (settle.go).
+var settleQuiet = flag.Duration("settle", 3*time.Second, "before each round, wait until the kernel's count of network namespaces is back to where it was before the first round or has not fallen for this long (the previous round's namespaces freed)")
+
 var keepLogs = flag.String("keep-logs", "", "copy each round's cluster process logs into DIR/<n>-<setup>/ (for a slow or failed ADD)")
 
 // keepClusterLogs copies the cluster's log folder into a new numbered
@@ -390,6 +413,8 @@ func measure(ctx context.Context, name string, f setupFunc, binDir string, n int
 	created := make([]time.Time, n)
 	cpu0 := sampleCPU(c)
 	busy0, total0 := machineCPU()
+	r.netnsBurst, _ = netnsAlive()
+	r.load = loadAvg()
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -691,6 +716,9 @@ func ratio(a, b time.Duration) float64 {
 func report(name string, n int, r figures) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Printf("== %s\n", name)
+	fmt.Printf("before the cluster: net namespaces %d → %d in %s (%s); at the burst %d; load average %s\n",
+		r.settle.from, r.settle.to, ms(r.settle.waited), map[bool]string{true: "settled", false: "still falling at the deadline"}[r.settle.ok],
+		r.netnsBurst, r.load)
 	fmt.Printf("one pod alone: create → Running %s\n", ms(r.single))
 	fmt.Printf("%d pods at once: first create → all Running %s\n", n, ms(r.all))
 	fmt.Printf("  per pod create → Running (API watch): p50 %s, p99 %s, max %s\n",

@@ -61,6 +61,7 @@ func run() error {
 		nftTable      = flag.String("nft-table", "kurma-agent", "name of the agent's nftables inet table")
 		mtu           = flag.Int("mtu", 0, "MTU of pod interfaces (default: underlay MTU - 50)")
 		workers       = flag.Int("workers", 4, "ports synced in parallel")
+		attachWorkers = flag.Int("attach-workers", 16, "with -k8s-node-name: CNI ADDs and DELs plugged in parallel (on workers of their own)")
 		resync        = flag.Duration("resync", 30*time.Second, "period of the full level check")
 		vpcLinger     = flag.Duration("vpc-linger", 3*time.Second, "keep a VPC's devices this long after its last local port goes (0: remove at once)")
 		forwarding    = flag.Bool("ip-forward", true, "enable IP forwarding (routing between a VPC's subnets)")
@@ -233,7 +234,7 @@ func run() error {
 	reg := newRegistry()
 	a, err := agent.New(agent.Config{
 		HostID: *hostID, UnderlayIP: ip, Controller: client, Datapath: dp,
-		Workers: *workers, Resync: *resync, VPCLinger: *vpcLinger, LB: lb, Logger: log,
+		Workers: *workers, AttachWorkers: *attachWorkers, Resync: *resync, VPCLinger: *vpcLinger, LB: lb, Logger: log,
 		LocalAttach: *k8sNode != "", Metrics: reg, HealthCheckAddr: *nodeIP,
 	})
 	if err != nil {

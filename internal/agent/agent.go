@@ -53,10 +53,16 @@ type Config struct {
 	UnderlayIP net.IP
 	Controller Controller
 	Datapath   datapath.Interface
-	// Workers is the number of keys synced in parallel; default 4. With
-	// LocalAttach as many again take the keys of Attach and Detach, which
-	// the others leave to them.
+	// Workers is the number of keys synced in parallel; default 4.
 	Workers int
+	// AttachWorkers, with LocalAttach, is the number of workers that take
+	// only the keys of Attach and Detach (a CNI ADD or DEL waits on
+	// them), which the others leave to them; default 16. A plug spends
+	// most of a pod burst waiting for the kernel's RTNL lock, which the
+	// runtime's sandbox starts and teardowns hold too: a plug that waits
+	// must not hold up the ADDs behind it, as a plugin exec'd per ADD
+	// (the bridge plugin) never does.
+	AttachWorkers int
 	// Resync is the period of the full level check (orphans, vanished
 	// namespaces); default 30s.
 	Resync time.Duration
@@ -155,6 +161,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
 	}
+	if cfg.AttachWorkers <= 0 {
+		cfg.AttachWorkers = 16
+	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second
 	}
@@ -226,13 +235,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	take := takeAny
 	if a.cfg.LocalAttach {
-		// As many workers again for the keys a CNI ADD or DEL waits on
+		// Workers of their own for the keys a CNI ADD or DEL waits on
 		// (Attach, Detach), and only for them: a burst of new pods
 		// fills the other workers with background syncs (arriving
-		// ports, guards, load balancers, VPCs), and more plugs at once
-		// than that would only share the kernel's locks more ways.
+		// ports, guards, load balancers, VPCs). More of them than the
+		// plain workers: under a burst a plug mostly waits for the
+		// RTNL lock behind the runtime's sandboxes, and four plugs
+		// waiting held up every ADD behind them (bench/README.md).
 		take = takePlain
-		for range a.cfg.Workers {
+		for range a.cfg.AttachWorkers {
 			wg.Go(func() { a.work(ctx, takeUrgent) })
 		}
 	}

@@ -60,16 +60,19 @@
 // each part with its own lock and queue keys (see Agent). Ports and VPCs:
 // the port cache (cache.go: the controller's records, hosts, subnets)
 // and the VPC state (vpc.go: gateways ensured, remotes programmed,
-// linger, and one RWMutex per VPC: ensuring, setting remotes and
-// deleting take it exclusively, plugging a port into the VPC shares it;
-// a worker holds at most one VPC lock at a time). Attachments (attach.go):
+// linger, and one RWMutex per VPC: deleting the VPC takes it
+// exclusively; plugging a port into the VPC, ensuring it and setting its
+// remotes share it, and plugs that find the VPC not ensured take turns at
+// one ensure under a second, per-VPC mutex; a worker holds at most one
+// VPC lock at a time). Attachments (attach.go):
 // where the CNI daemon said ports go, and the callers waiting on them;
 // the cache keeps the controller's records as sent, and a port's sync
 // places it (Agent.place). Load balancers and floating IPs (lb.go): their
 // cache and what was programmed, with a snapshot of the local ports and
 // VPCs taken at each sync. No lock is held across a network or netlink
-// call, and none is taken while another is held, but for two: a VPC lock
-// is held across that VPC's datapath work (it orders it), and the health
+// call, and none is taken while another is held, but for three: a VPC lock
+// is held across that VPC's datapath work (it orders it), a VPC's ensure
+// lock is taken under its VPC lock, and the health
 // checks' lock (healthcheck.go) is taken under the load balancers'. The ADD path reads top to bottom in
 // port.go (syncPort). Datapath link events (a host end vanishing with its
 // namespace) only enqueue keys.

@@ -154,20 +154,31 @@ func (a *Agent) unplugPort(ctx context.Context, id string, p controllerapi.Port,
 // but never while the VPC is being changed or removed. A failure makes
 // the next plug ensure the VPC in full.
 func (a *Agent) plug(ctx context.Context, spec datapath.PortSpec) error {
+	// The VPC's lock is shared, the ensure too: under the exclusive lock
+	// an ensure waited for every plug in flight (each waiting for the
+	// kernel's RTNL lock in a burst), and every plug after it waited for
+	// the ensure, a convoy that stalled the burst's ADDs for seconds. Only
+	// the VPC's removal excludes plugs; the plugs that find the VPC not
+	// ensured take turns at one ensure (ensureLock), not at each other's
+	// plugs.
 	l := a.vpcs.lock(spec.VNI)
+	l.RLock()
 	var err error
-	if !a.vpcs.has(spec.VNI, gatewaysOf([]datapath.PortSpec{spec})) {
-		l.Lock()
-		err = a.ensureVPC(ctx, spec.VNI, spec)
-		l.Unlock()
+	gws := gatewaysOf([]datapath.PortSpec{spec})
+	if !a.vpcs.has(spec.VNI, gws) {
+		e := a.vpcs.ensureLock(spec.VNI)
+		e.Lock()
+		if !a.vpcs.has(spec.VNI, gws) { // another plug's ensure may have done it
+			err = a.ensureVPC(ctx, spec.VNI, spec)
+		}
+		e.Unlock()
 	}
 	if err == nil {
-		l.RLock()
 		start := time.Now()
 		err = a.dp.Plug(ctx, spec)
 		a.m.observePlug(start, err)
-		l.RUnlock()
 	}
+	l.RUnlock()
 	if err != nil {
 		a.vpcs.forget(spec.VNI)
 	}

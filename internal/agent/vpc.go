@@ -10,21 +10,25 @@ import (
 )
 
 // vpcState is what the agent programmed per VPC (queue keys "v/<vni>"),
-// and the lock that orders the work on each VPC: ensuring, setting
-// remotes and deleting take it exclusively, plugging a port into the VPC
-// shares it; a worker holds at most one VPC lock at a time. mu guards the
-// maps only and is never held across a datapath call.
+// and the lock that orders the work on each VPC: deleting it takes it
+// exclusively; plugging a port into the VPC, ensuring it and setting its
+// remotes share it (a plug that finds the VPC not ensured ensures it
+// under the VPC's ensure lock, so one ensure runs for a burst's first
+// plugs); a worker holds at most one VPC lock at a time, and the ensure
+// lock only under it. mu guards the maps only and is never held across a
+// datapath call.
 type vpcState struct {
 	mu       sync.Mutex
 	ready    map[uint32]bool            // VPCs whose remotes are programmed
 	gateways map[uint32]map[string]bool // gateways each VPC was last ensured with
 	empty    map[uint32]time.Time       // when a VPC was first seen without local ports (linger)
-	locks    map[uint32]*sync.RWMutex   // one per VNI: shared by plugs, exclusive for VPC changes
+	locks    map[uint32]*sync.RWMutex   // one per VNI: shared by plugs and ensures, exclusive for the VPC's removal
+	ensuring map[uint32]*sync.Mutex     // one per VNI: a plug's ensure of the VPC, under the shared lock
 }
 
 func newVPCState() *vpcState {
 	return &vpcState{ready: map[uint32]bool{}, gateways: map[uint32]map[string]bool{},
-		empty: map[uint32]time.Time{}, locks: map[uint32]*sync.RWMutex{}}
+		empty: map[uint32]time.Time{}, locks: map[uint32]*sync.RWMutex{}, ensuring: map[uint32]*sync.Mutex{}}
 }
 
 // lock returns the mutex that serialises work on one VPC.
@@ -35,6 +39,19 @@ func (v *vpcState) lock(vni uint32) *sync.RWMutex {
 	if m == nil {
 		m = &sync.RWMutex{}
 		v.locks[vni] = m
+	}
+	return m
+}
+
+// ensureLock returns the mutex that plugs take, under the VPC's shared
+// lock, to ensure the VPC one at a time.
+func (v *vpcState) ensureLock(vni uint32) *sync.Mutex {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := v.ensuring[vni]
+	if m == nil {
+		m = &sync.Mutex{}
+		v.ensuring[vni] = m
 	}
 	return m
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
@@ -128,6 +129,7 @@ type Datapath struct {
 	devIx int // underlay device index, 0 when unset
 	mtu   int
 	log   *slog.Logger
+	seq   atomic.Uint32 // numbers requestEcho's requests
 
 	nftMu sync.Mutex            // guards nft, bnft, gconn and gin (one transaction at a time)
 	nft   knftables.Interface   // inet table (VPC isolation), bound to the host namespace at creation

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -100,8 +101,8 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		ix = br.Attrs().Index
 		d.bridges.Store(p.VNI, ix)
 	}
-	if d.createVeth(hs, p, hostName, ix.(int), nsh) == nil {
-		if err := d.finishFresh(hs, ph, p, hostName, alias); err != nil {
+	if peer, err := d.createVeth(hs, p, hostName, ix.(int), nsh); err == nil {
+		if err := d.finishFresh(hs, ph, p, hostName, alias, peer); err != nil {
 			return err
 		}
 		return forgetNeighbours(hs, ix.(int), p)
@@ -154,16 +155,17 @@ func (d *Datapath) Plug(ctx context.Context, p PortSpec) (retErr error) {
 		pod = nil
 	}
 	if host == nil {
-		if err := d.createVeth(hs, p, hostName, br.Attrs().Index, nsh); err != nil {
+		peer, err := d.createVeth(hs, p, hostName, br.Attrs().Index, nsh)
+		if err != nil {
 			return fmt.Errorf("plug port %s: create veth %s: %w", p.ID, hostName, err)
 		}
 		d.bridges.Store(p.VNI, br.Attrs().Index)
-		if err := d.finishFresh(hs, ph, p, hostName, alias); err != nil {
+		if err := d.finishFresh(hs, ph, p, hostName, alias, peer); err != nil {
 			return err
 		}
 		return forgetNeighbours(hs, br.Attrs().Index, p)
 	}
-	if err := configurePod(ph, p, alias, d.mtu, false); err != nil {
+	if err := configurePod(ph, p, alias, d.mtu, false, 0); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
 	if err := d.configureHost(host, br, alias, !p.AdminDown); err != nil {
@@ -258,13 +260,16 @@ func (d *Datapath) BridgeIndex(vni uint32) int {
 // host end up unless the port is admin down, through hs (a hostSocket).
 // (netlink.Handle.LinkAdd takes three requests for this: the creation, a
 // read back of the index, and the bridge port, which the kernel accepts
-// in the creation itself.)
-func (d *Datapath) createVeth(hs *nl.NetlinkSocket, p PortSpec, hostName string, brIndex int, nsh netns.NsHandle) error {
+// in the creation itself.) It returns the container end's index, from the
+// kernel's echo of the host end (its IFLA_LINK), or 0 when the kernel
+// does not echo a creation (before Linux 6.3): then configurePod looks
+// the link up.
+func (d *Datapath) createVeth(hs *nl.NetlinkSocket, p PortSpec, hostName string, brIndex int, nsh netns.NsHandle) (int, error) {
 	var up uint32
 	if !p.AdminDown {
 		up = unix.IFF_UP
 	}
-	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Flags, msg.Change = up, unix.IFF_UP
 	req.AddData(msg)
@@ -283,7 +288,63 @@ func (d *Datapath) createVeth(hs *nl.NetlinkSocket, p PortSpec, hostName string,
 	peer.AddRtAttr(unix.IFLA_ADDRESS, []byte(p.MAC))
 	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(nsh)))
 	req.AddData(info)
-	return request(hs, req)
+	var peerIndex int
+	err := requestEcho(hs, req, d.seq.Add(1), func(m syscall.NetlinkMessage) {
+		if m.Header.Type != unix.RTM_NEWLINK || len(m.Data) < unix.SizeofIfInfomsg {
+			return
+		}
+		attrs, err := nl.ParseRouteAttr(m.Data[unix.SizeofIfInfomsg:])
+		if err != nil {
+			return
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == unix.IFLA_LINK && len(a.Value) == 4 {
+				peerIndex = int(nl.NativeEndian().Uint32(a.Value))
+			}
+		}
+	})
+	return peerIndex, err
+}
+
+// requestEcho sends req (NLM_F_ACK and NLM_F_ECHO set) through s, hands
+// every answer of it but the acknowledgement to f, and returns the
+// acknowledgement's error; seq numbers the request. Unlike NetlinkRequest.Execute it reads on to
+// the acknowledgement after an echo, so that none is left in s for the
+// next request to take as its own.
+func requestEcho(s *nl.NetlinkSocket, req *nl.NetlinkRequest, seq uint32, f func(syscall.NetlinkMessage)) error {
+	req.Seq = seq
+	if err := s.Send(req); err != nil {
+		return err
+	}
+	pid, err := s.GetPid()
+	if err != nil {
+		return err
+	}
+	for {
+		msgs, from, err := s.Receive()
+		if err != nil {
+			return err
+		}
+		if from.Pid != nl.PidKernel {
+			continue
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != req.Seq || m.Header.Pid != pid {
+				continue
+			}
+			if m.Header.Type != unix.NLMSG_ERROR {
+				f(m)
+				continue
+			}
+			if len(m.Data) < 4 {
+				return fmt.Errorf("netlink: short acknowledgement")
+			}
+			if errno := int32(nl.NativeEndian().Uint32(m.Data[:4])); errno != 0 {
+				return syscall.Errno(-errno)
+			}
+			return nil
+		}
+	}
 }
 
 // setAliasAndHairpin sets a host link's alias and turns hairpin mode on for
@@ -328,7 +389,7 @@ func request(s *nl.NetlinkSocket, req *nl.NetlinkRequest) error {
 // finishFresh configures a pair createVeth just made, or removes it: its
 // name, MTU, MACs, bridge and up were all part of the creation; the
 // aliases, the container end's addresses and its routes are left.
-func (d *Datapath) finishFresh(hs *nl.NetlinkSocket, ph *netlink.Handle, p PortSpec, hostName, alias string) (retErr error) {
+func (d *Datapath) finishFresh(hs *nl.NetlinkSocket, ph *netlink.Handle, p PortSpec, hostName, alias string, peerIndex int) (retErr error) {
 	defer func() {
 		if retErr != nil {
 			d.rollbackLink(hostName)
@@ -337,7 +398,7 @@ func (d *Datapath) finishFresh(hs *nl.NetlinkSocket, ph *netlink.Handle, p PortS
 	if err := setAliasAndHairpin(hs, hostName, alias); err != nil {
 		return fmt.Errorf("plug port %s: alias %s: %w", p.ID, hostName, err)
 	}
-	if err := configurePod(ph, p, alias, d.mtu, true); err != nil {
+	if err := configurePod(ph, p, alias, d.mtu, true, peerIndex); err != nil {
 		return fmt.Errorf("plug port %s: %w", p.ID, err)
 	}
 	return nil
@@ -401,11 +462,19 @@ func setUp(h *netlink.Handle, l netlink.Link, up bool) error {
 
 // configurePod sets the container end's alias, MAC, MTU, addresses and
 // default routes and brings it up. Addresses it does not want are removed
-// (the link is ours); link-local addresses are left alone.
-func configurePod(h *netlink.Handle, p PortSpec, alias string, mtu int, fresh bool) error {
-	l, err := h.LinkByName(p.IfName)
-	if err != nil {
-		return fmt.Errorf("find %s in %s: %w", p.IfName, p.NetNS, err)
+// (the link is ours); link-local addresses are left alone. fresh: the
+// link was just made by createVeth (name, MAC and MTU as p and mtu want,
+// down, no alias), and a peerIndex other than 0 is its index, so it is
+// not looked up.
+func configurePod(h *netlink.Handle, p PortSpec, alias string, mtu int, fresh bool, peerIndex int) error {
+	var l netlink.Link
+	if fresh && peerIndex > 0 {
+		l = &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: peerIndex, Name: p.IfName, MTU: mtu, HardwareAddr: p.MAC}}
+	} else {
+		var err error
+		if l, err = h.LinkByName(p.IfName); err != nil {
+			return fmt.Errorf("find %s in %s: %w", p.IfName, p.NetNS, err)
+		}
 	}
 	a := l.Attrs()
 	if a.Alias != alias {

@@ -14,13 +14,15 @@ import (
 )
 
 // maxPlugRequests bounds the netlink requests of a fresh plug (its VPC
-// ensured) of a port with one address: the pair's creation, the host
-// end's alias and the removal of the host's neighbour entry for the
-// address (its previous owner's MAC: see forgetNeighbours) in the host
-// namespace; the container end's lookup, alias, address, up and default
-// route in the pod's. Most requests take the kernel's RTNL lock, which a
-// burst of pod sandboxes contends for.
-const maxPlugRequests = 8
+// ensured) of a port with one address: the pair's creation (whose echo
+// gives the container end's index: no lookup), the host end's alias and
+// the removal of the host's neighbour entry for the address (its previous
+// owner's MAC: see forgetNeighbours) in the host namespace; the container
+// end's alias, address, up and default route in the pod's. Every request
+// but a lookup takes the kernel's RTNL lock, which a burst of pod
+// sandboxes contends for. (8 before the echo, 7 before the neighbour
+// removal.)
+const maxPlugRequests = 7
 
 // plugOnceEnv makes TestPlugNetlinkRequests, run as a child, plug one
 // port between two markers instead of tracing.

@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"kurma.dev/kurma/internal/agent/datapath"
+	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/testutil"
+	"kurma.dev/kurma/pkg/controllerapi"
+)
+
+// gatedPlugs is a real datapath whose plugs wait at a gate until the test
+// opens it, counting how many wait at once: a plug that waits for the
+// kernel's RTNL lock in a pod burst, made to wait as long as the test
+// likes.
+type gatedPlugs struct {
+	datapath.Interface
+	open chan struct{} // closed: plugs pass
+
+	mu      sync.Mutex
+	waiting int
+	most    int
+	changed chan struct{} // closed and replaced whenever waiting changes
+}
+
+func (g *gatedPlugs) Plug(ctx context.Context, p datapath.PortSpec) error {
+	g.mu.Lock()
+	g.waiting++
+	g.most = max(g.most, g.waiting)
+	close(g.changed)
+	g.changed = make(chan struct{})
+	g.mu.Unlock()
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	g.waiting--
+	g.mu.Unlock()
+	return g.Interface.Plug(ctx, p)
+}
+
+// waitFor waits until n plugs wait at the gate at once.
+func (g *gatedPlugs) waitFor(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		g.mu.Lock()
+		w, ch := g.waiting, g.changed
+		g.mu.Unlock()
+		if w >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("%d plugs waiting at once, want %d", w, n)
+		}
+	}
+}
+
+// TestAttachWorkers: in Kubernetes mode the ADDs of a burst plug on
+// Config.AttachWorkers workers of their own, so that as many plugs wait
+// for the kernel at once, and no more (main: 4 whatever the setting, so
+// a burst's ADDs queued behind four slow plugs).
+func TestAttachWorkers(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		workers, attach int // Config.AttachWorkers (0: the default), Attach calls at once
+		want            int // plugs waiting at once
+	}{
+		{name: "default", workers: 0, attach: 16, want: 16},
+		{name: "three", workers: 3, attach: 6, want: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			dp, _ := newTestDatapath(t)
+			g := &gatedPlugs{Interface: dp, open: make(chan struct{}), changed: make(chan struct{})}
+			fc := &fakeController{statuses: map[string][]string{}, live: make(chan controllerapi.Event, 4),
+				hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}}}
+			for i := range tc.attach {
+				fc.ports = append(fc.ports, controllerapi.Port{ID: fmt.Sprintf("p%02d", i), ProjectID: "proj", BindingHostID: "h1", VNI: 9,
+					MACAddress: fmt.Sprintf("02:00:00:00:09:%02x", i), Status: controllerapi.StatusPending, RevisionNumber: 1,
+					FixedIPs: []controllerapi.FixedIP{{SubnetID: "s", IPAddress: fmt.Sprintf("10.9.0.%d", i+2), CIDR: "10.9.0.0/24", GatewayIP: "10.9.0.1"}}})
+			}
+			a, err := New(Config{HostID: "h1", UnderlayIP: net.ParseIP("192.0.2.1"), Controller: fc, Datapath: g, LocalAttach: true,
+				AttachWorkers: tc.workers, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runAgent(ctx, t, a)
+			<-a.Synced()
+			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make(chan error, tc.attach)
+			for _, p := range fc.ports {
+				ns := nettest.NewNS(t, testutil.UniqueName("kagt"))
+				wg.Go(func() {
+					if _, err := a.Attach(actx, p.ID, Attachment{NetNS: ns, IfName: "eth0"}); err != nil {
+						errs <- fmt.Errorf("attach %s: %w", p.ID, err)
+					}
+				})
+			}
+			g.waitFor(t, tc.want)
+			close(g.open)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.most != tc.want {
+				t.Fatalf("at most %d plugs waited at once, want %d", g.most, tc.want)
+			}
+		})
+	}
+}
