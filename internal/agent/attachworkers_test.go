@@ -68,8 +68,11 @@ func (g *gatedPlugs) waitFor(t *testing.T, n int) {
 
 // TestAttachWorkers: in Kubernetes mode the ADDs of a burst plug on
 // Config.AttachWorkers workers of their own, so that as many plugs wait
-// for the kernel at once, and no more (main: 4 whatever the setting, so
-// a burst's ADDs queued behind four slow plugs).
+// for the kernel at once, and no more. Before, one plug waited at a
+// time: the second plug of a new VPC took the VPC's exclusive lock to
+// ensure it, behind the first plug's shared hold, and every later plug
+// queued behind that writer (and there were 4 workers whatever the
+// setting).
 func TestAttachWorkers(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
