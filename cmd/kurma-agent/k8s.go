@@ -81,23 +81,11 @@ func (pp policyPath) Sync(ctx context.Context, all map[string]*netpol.Rules) err
 	return pp.p.Sync(ctx, convertRules(all))
 }
 
+// convertRules hands the engine's rules to the path: the same values
+// (policyrule's types), only the map is new, so a change's allow lists are
+// not copied.
 func convertRules(in map[string]*netpol.Rules) map[string]*policypath.Pod {
-	out := make(map[string]*policypath.Pod, len(in))
-	dir := func(d netpol.Dir) policypath.Dir {
-		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, len(d.Allow))}
-		for i, a := range d.Allow {
-			o.Allow[i] = policypath.Allow{PeerLo: policypath.Addr4(a.PeerLo), PeerHi: policypath.Addr4(a.PeerHi), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi}
-		}
-		return o
-	}
-	for k, r := range in {
-		if r == nil {
-			out[k] = nil
-			continue
-		}
-		out[k] = &policypath.Pod{IP: r.IP, Ingress: dir(r.Ingress), Egress: dir(r.Egress)}
-	}
-	return out
+	return netpol.PathRules(in)
 }
 
 // installShim copies the kurma-k8s binary that sits next to this one into

@@ -333,20 +333,5 @@ func fromAPI(ctx context.Context, kc kubernetes.Interface, node string) ([]strin
 		_ = eng.SetPolicy(&nps.Items[i])
 	}
 	eng.Compute()
-	all := map[string]*policypath.Pod{}
-	for k, r := range eng.All() {
-		all[k] = toPath(r)
-	}
-	return policypath.Want(all), nil
-}
-
-func toPath(r *netpol.Rules) *policypath.Pod {
-	dir := func(d netpol.Dir) policypath.Dir {
-		o := policypath.Dir{Isolated: d.Isolated}
-		for _, a := range d.Allow {
-			o.Allow = append(o.Allow, policypath.Allow{PeerLo: policypath.Addr4(a.PeerLo), PeerHi: policypath.Addr4(a.PeerHi), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
-		}
-		return o
-	}
-	return &policypath.Pod{IP: r.IP, Ingress: dir(r.Ingress), Egress: dir(r.Egress)}
+	return policypath.Want(netpol.PathRules(eng.All())), nil
 }

@@ -174,24 +174,9 @@ func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
 	return a.p.Sync(ctx, conv(all))
 }
 
-func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod {
-	out := make(map[string]*policypath.Pod, len(in))
-	dir := func(d netpol.Dir) policypath.Dir {
-		o := policypath.Dir{Isolated: d.Isolated, Allow: make([]policypath.Allow, 0, len(d.Allow))}
-		for _, a := range d.Allow {
-			o.Allow = append(o.Allow, policypath.Allow{PeerLo: policypath.Addr4(a.PeerLo), PeerHi: policypath.Addr4(a.PeerHi), Proto: uint8(a.Proto), PortLo: a.PortLo, PortHi: a.PortHi})
-		}
-		return o
-	}
-	for k, r := range in {
-		if r == nil {
-			out[k] = nil
-			continue
-		}
-		out[k] = &policypath.Pod{IP: r.IP, Ingress: dir(r.Ingress), Egress: dir(r.Egress)}
-	}
-	return out
-}
+// conv is the agent's convertRules: the engine's rules as the path's,
+// uncopied.
+func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod { return netpol.PathRules(in) }
 
 // keepLogs is -childlogs.
 var keepLogs string

@@ -59,5 +59,7 @@
 //
 // Locking: Path.mu guards the mirrors and serialises transactions.
 //
-// It speaks only in its own Pod/Dir/Allow types. Must not import: `kurma.dev/kurma/internal/kube/...`, `kurma.dev/kurma/internal/controller/...`, `kurma.dev/kurma/internal/agent`, `k8s.io/...`.
+// It speaks only in the Pod/Dir/Allow types of internal/policyrule, which
+// the policy engine computes in too (so its lists arrive uncopied), and
+// never modifies a list it is handed. Must not import: `kurma.dev/kurma/internal/kube/...`, `kurma.dev/kurma/internal/controller/...`, `kurma.dev/kurma/internal/agent`, `k8s.io/...`.
 package policypath

@@ -130,9 +130,9 @@ func exactElem(pod uint32, d int, a Allow) (e elem, ranged, ok bool) {
 	case a.Proto == 0:
 		return elem{}, true, true
 	case a.PortLo == a.PortHi && single:
-		return mkElem(base+setInExact, putPort(putProto(putAddr(putAddr(b[:0], pod), lo), a.Proto), uint32(a.PortLo))), false, true
+		return mkElem(base+setInExact, putPort(putProto(putAddr(putAddr(b[:0], pod), lo), uint8(a.Proto)), uint32(a.PortLo))), false, true
 	case a.PortLo == a.PortHi && anyPeer:
-		return mkElem(base+setInPort, putPort(putProto(putAddr(b[:0], pod), a.Proto), uint32(a.PortLo))), false, true
+		return mkElem(base+setInPort, putPort(putProto(putAddr(b[:0], pod), uint8(a.Proto)), uint32(a.PortLo))), false, true
 	}
 	return elem{}, true, true
 }
@@ -161,7 +161,7 @@ func rangedElems(p *Pod) []elem {
 			if a.Proto == 0 {
 				cidrs = append(cidrs, span{lo, hi})
 			} else {
-				boxes[a.Proto] = append(boxes[a.Proto], box{span{lo, hi}, span{uint32(a.PortLo), uint32(a.PortHi)}})
+				boxes[uint8(a.Proto)] = append(boxes[uint8(a.Proto)], box{span{lo, hi}, span{uint32(a.PortLo), uint32(a.PortHi)}})
 			}
 		}
 		var buf [maxKey]byte

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -102,7 +103,7 @@ var all = []string{"a>b", "a>c", "b>a", "b>c", "c>a", "c>b"}
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-func exact(peer string, proto uint8, port uint16) Allow {
+func exact(peer string, proto policyrule.Proto, port uint16) Allow {
 	return Allow{PeerLo: A4(ip(peer)), PeerHi: A4(ip(peer)), Proto: proto, PortLo: port, PortHi: port}
 }
 

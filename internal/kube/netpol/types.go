@@ -17,10 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"kurma.dev/kurma/internal/kube/podnet"
+	"kurma.dev/kurma/internal/policyrule"
 )
 
 // Proto is an IP protocol number (0: every protocol).
-type Proto uint8
+type Proto = policyrule.Proto
 
 // The protocols a NetworkPolicy port names.
 const (
@@ -121,69 +122,36 @@ func (p *Pod) namedPort(name string, pr Proto) (uint16, bool) {
 	return 0, false
 }
 
-// Addr4 is an IPv4 address as a number. Unlike netip.Addr it holds no
-// pointer, so the engine's maps of hundreds of thousands of Allows are
-// not scanned by the garbage collector, and it is a quarter of the size.
-type Addr4 uint32
+// The rule types are policyrule's, shared with the agent's datapath so
+// that a change's allow lists reach it without a copy.
+type (
+	Addr4 = policyrule.Addr4
+	Allow = policyrule.Allow
+	Dir   = policyrule.Dir
+)
 
 // A4 is the Addr4 of an IPv4 address (0 for any other).
-func A4(a netip.Addr) Addr4 {
-	if !a.Is4() {
-		return 0
-	}
-	b := a.As4()
-	return Addr4(binary.BigEndian.Uint32(b[:]))
-}
-
-// Addr is a as a netip.Addr.
-func (a Addr4) Addr() netip.Addr {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], uint32(a))
-	return netip.AddrFrom4(b)
-}
-
-func (a Addr4) String() string { return a.Addr().String() }
-
-// Allow is one allowed (peer range, protocol, port range): the peers
-// PeerLo..PeerHi, protocol Proto (0: every protocol and port), ports
-// PortLo..PortHi. An exact tuple has PeerLo == PeerHi and PortLo ==
-// PortHi. It holds no pointer (see Addr4).
-type Allow struct {
-	PeerLo, PeerHi Addr4
-	Proto          Proto
-	PortLo, PortHi uint16
-}
-
-func (a Allow) String() string {
-	peer := a.PeerLo.String()
-	if a.PeerHi != a.PeerLo {
-		peer += "-" + a.PeerHi.String()
-	}
-	if a.Proto == 0 {
-		return peer
-	}
-	port := fmt.Sprint(a.PortLo)
-	if a.PortHi != a.PortLo {
-		port += fmt.Sprintf("-%d", a.PortHi)
-	}
-	return fmt.Sprintf("%s %d/%s", peer, a.Proto, port)
-}
+func A4(a netip.Addr) Addr4 { return policyrule.A4(a) }
 
 const (
 	anyLo Addr4 = 0
 	anyHi Addr4 = math.MaxUint32
 )
 
-// Dir is one direction of a pod's rules.
-type Dir struct {
-	Isolated bool
-	Allow    []Allow // sorted, no duplicates; empty unless Isolated
-}
+// Rules are a local pod's computed rules: a policyrule.Pod (Path
+// converts a *Rules to a *policyrule.Pod without copying).
+type Rules policyrule.Pod
 
-// Rules are a local pod's computed rules.
-type Rules struct {
-	IP              netip.Addr
-	Ingress, Egress Dir
+// PathRules is rules as the datapath's type: the same values, only the
+// map is new (a nil *Rules stays nil). The lists are shared, never
+// copied: the engine never modifies a list it has handed out (a change
+// builds a new one), and the path must not modify them either.
+func PathRules(rules map[string]*Rules) map[string]*policyrule.Pod {
+	out := make(map[string]*policyrule.Pod, len(rules))
+	for k, r := range rules {
+		out[k] = (*policyrule.Pod)(r)
+	}
+	return out
 }
 
 // Equal reports whether r and o program the same state.
