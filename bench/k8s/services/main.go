@@ -243,6 +243,9 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, 
 			float64(r.rssKiB)/float64(max(r.kpRSSKiB, 1)))
 	}
 	for _, r := range rows {
+		if !*withPeer {
+			break // no peer: no ratios to it
+		}
 		fmt.Printf("N=%d ratios ours/kube-proxy: add p99 %.3f, endpoint p99 %.3f, cold sync %.3f, RSS %.2f\n", r.n,
 			ratio(r.add99, r.kpAdd99), ratio(r.mem99, r.kpMem9), ratio(r.cold, r.kpCold), float64(r.rssKiB)/float64(max(r.kpRSSKiB, 1)))
 	}
@@ -257,8 +260,11 @@ func run(ctx context.Context, sizes []int, adds int, profile, gcPercent string, 
 			ms(r.ip50), ms(r.ip99), ratio(r.np99, r.ip99), ratio(r.np99, r.add99), ms(r.loc50), ms(r.loc99), ms(r.kpLoc50), ms(r.kpL99))
 	}
 	for _, r := range rows {
-		fmt.Printf("N=%d ratios: ours NodePort/ClusterIP add p99 %.3f; ours/kube-proxy NodePort add p99 %.3f, eTP Local endpoint p99 %.3f\n",
-			r.n, ratio(r.np99, r.add99), ratio(r.np99, r.kpNp99), ratio(r.loc99, r.kpL99))
+		fmt.Printf("N=%d ratios: ours NodePort/ClusterIP add p99 %.3f", r.n, ratio(r.np99, r.add99))
+		if *withPeer {
+			fmt.Printf("; ours/kube-proxy NodePort add p99 %.3f, eTP Local endpoint p99 %.3f", ratio(r.np99, r.kpNp99), ratio(r.loc99, r.kpL99))
+		}
+		fmt.Println()
 		fmt.Printf("N=%d ours NodePort/ClusterIP add p99, ClusterIP adds made in the same loop (b'): %.3f (p50 %.3f)\n",
 			r.n, ratio(r.np99, r.ip99), ratio(r.np50, r.ip50))
 	}
