@@ -508,6 +508,7 @@ func (b *bench) size(ctx context.Context, n, adds int) (row, error) {
 	w50, w99 := pct(addW)
 	l50, l99 := pct(lblW)
 	fmt.Printf("N=%d from the write returned (the API server's own time left out): (b) p50/p99 %v/%v, (c) p50/p99 %v/%v\n", n, w50, w99, l50, l99)
+	fmt.Printf("N=%d samples from the write returned, in order: (b) %v\nN=%d (c) %v\n", n, round(addW), n, round(lblW))
 	lags, comps, err := partialSyncs(b.childLog)
 	if err != nil {
 		return r, err
