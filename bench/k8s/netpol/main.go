@@ -117,6 +117,11 @@ func main() {
 			}
 			ns = append(ns, n)
 		}
+		// (c) relabels a different remote pod of g-1 for each sample.
+		if most := (nPods-*local-2)/groups + 1; !*inproc && *adds > most {
+			fmt.Fprintf(os.Stderr, "-adds %d: at most %d with -local %d (each label change takes another of the %d pods)\n", *adds, most, *local, nPods)
+			os.Exit(2)
+		}
 		if *inproc {
 			err = inProcess(ctx, ns, *adds, *local)
 		} else {
