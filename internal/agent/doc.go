@@ -62,8 +62,8 @@
 // and the VPC state (vpc.go: gateways ensured, remotes programmed,
 // linger, and one RWMutex per VPC: deleting the VPC takes it
 // exclusively; plugging a port into the VPC, ensuring it and setting its
-// remotes share it, and plugs that find the VPC not ensured take turns at
-// one ensure under a second, per-VPC mutex; a worker holds at most one
+// remotes share it, and ensures (a plug's that finds the VPC not
+// ensured, a sync's) take turns at a second, per-VPC mutex; a worker holds at most one
 // VPC lock at a time). Attachments (attach.go):
 // where the CNI daemon said ports go, and the callers waiting on them;
 // the cache keeps the controller's records as sent, and a port's sync

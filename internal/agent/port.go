@@ -158,20 +158,13 @@ func (a *Agent) plug(ctx context.Context, spec datapath.PortSpec) error {
 	// an ensure waited for every plug in flight (each waiting for the
 	// kernel's RTNL lock in a burst), and every plug after it waited for
 	// the ensure, a convoy that stalled the burst's ADDs for seconds. Only
-	// the VPC's removal excludes plugs; the plugs that find the VPC not
-	// ensured take turns at one ensure (ensureLock), not at each other's
-	// plugs.
+	// the VPC's removal excludes plugs; ensures take turns at the VPC's
+	// ensure lock (ensureVPC), not at each other's plugs.
 	l := a.vpcs.lock(spec.VNI)
 	l.RLock()
 	var err error
-	gws := gatewaysOf([]datapath.PortSpec{spec})
-	if !a.vpcs.has(spec.VNI, gws) {
-		e := a.vpcs.ensureLock(spec.VNI)
-		e.Lock()
-		if !a.vpcs.has(spec.VNI, gws) { // another plug's ensure may have done it
-			err = a.ensureVPC(ctx, spec.VNI, spec)
-		}
-		e.Unlock()
+	if !a.vpcs.has(spec.VNI, gatewaysOf([]datapath.PortSpec{spec})) {
+		err = a.ensureVPC(ctx, spec.VNI, spec)
 	}
 	if err == nil {
 		start := time.Now()

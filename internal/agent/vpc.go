@@ -12,9 +12,8 @@ import (
 // vpcState is what the agent programmed per VPC (queue keys "v/<vni>"),
 // and the lock that orders the work on each VPC: deleting it takes it
 // exclusively; plugging a port into the VPC, ensuring it and setting its
-// remotes share it (a plug that finds the VPC not ensured ensures it
-// under the VPC's ensure lock, so one ensure runs for a burst's first
-// plugs); a worker holds at most one VPC lock at a time, and the ensure
+// remotes share it (ensures take turns at the VPC's ensure lock, so one
+// ensure runs for a burst's first plugs); a worker holds at most one VPC lock at a time, and the ensure
 // lock only under it. mu guards the maps only and is never held across a
 // datapath call.
 type vpcState struct {
@@ -23,7 +22,7 @@ type vpcState struct {
 	gateways map[uint32]map[string]bool // gateways each VPC was last ensured with
 	empty    map[uint32]time.Time       // when a VPC was first seen without local ports (linger)
 	locks    map[uint32]*sync.RWMutex   // one per VNI: shared by plugs and ensures, exclusive for the VPC's removal
-	ensuring map[uint32]*sync.Mutex     // one per VNI: a plug's ensure of the VPC, under the shared lock
+	ensuring map[uint32]*sync.Mutex     // one per VNI: ensureVPC's, under the VPC's lock
 }
 
 func newVPCState() *vpcState {
@@ -43,8 +42,8 @@ func (v *vpcState) lock(vni uint32) *sync.RWMutex {
 	return m
 }
 
-// ensureLock returns the mutex that plugs take, under the VPC's shared
-// lock, to ensure the VPC one at a time.
+// ensureLock returns the mutex that ensureVPC takes, under the VPC's
+// lock, so that the VPC is ensured once at a time.
 func (v *vpcState) ensureLock(vni uint32) *sync.Mutex {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -154,8 +153,18 @@ func (v *vpcState) lingerLeft(vni uint32, linger time.Duration, now time.Time) t
 // local pod reaches a pod of another subnet that has no port on this host
 // only when that subnet is on-link here (routed between the bridge's
 // gateways, then bridged to the VXLAN device). The caller holds the VPC's
-// lock: exclusively, or shared in programVPC (one sync of a VPC at a time).
+// lock, shared at least; ensures of one VPC (a plug's, a sync's) take
+// turns at its ensure lock, so that the gateways recorded are those of
+// the last EnsureVPC. A plug's ensure (extra given) that finds, once its
+// turn comes, the VPC ensured with extra's gateways (by the plug before
+// it) does nothing.
 func (a *Agent) ensureVPC(ctx context.Context, vni uint32, extra ...datapath.PortSpec) error {
+	e := a.vpcs.ensureLock(vni)
+	e.Lock()
+	defer e.Unlock()
+	if len(extra) > 0 && a.vpcs.has(vni, gatewaysOf(extra)) {
+		return nil
+	}
 	specs := append(a.localSpecs(vni), extra...)
 	_, remoteGWs := a.ports.remotes(vni)
 	gws := gatewaysOf(append(specs, remoteGWs...))

@@ -184,11 +184,7 @@ func (d *Datapath) forgetOtherNeighbours(hs *nl.NetlinkSocket, brIndex int, p Po
 	fams := map[int]bool{}
 	for _, a := range p.Addrs {
 		mine[a.Addr.IP.String()] = true
-		if a.Addr.IP.To4() != nil {
-			fams[unix.AF_INET] = true
-		} else {
-			fams[unix.AF_INET6] = true
-		}
+		fams[familyOf(a.Addr.IP)] = true
 	}
 	const resolved = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE
 	for fam := range fams {
@@ -229,12 +225,21 @@ func forgetNeighbours(hs *nl.NetlinkSocket, brIndex int, p PortSpec) error {
 	return nil
 }
 
+// familyOf is the address family of ip: AF_INET for an IPv4 address (in
+// either form), AF_INET6 otherwise.
+func familyOf(ip net.IP) int {
+	if ip.To4() != nil {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
 // delNeighbour removes the neighbour entry for ip on the link of index
 // ix, in one request through s; none there is success.
 func delNeighbour(s *nl.NetlinkSocket, ix int, ip net.IP) error {
-	fam, dst := unix.AF_INET6, ip.To16()
-	if v4 := ip.To4(); v4 != nil {
-		fam, dst = unix.AF_INET, v4
+	fam, dst := familyOf(ip), ip.To16()
+	if fam == unix.AF_INET {
+		dst = ip.To4()
 	}
 	req := nl.NewNetlinkRequest(unix.RTM_DELNEIGH, unix.NLM_F_ACK)
 	req.AddData(&netlink.Ndmsg{Family: uint8(fam), Index: uint32(ix)})

@@ -115,11 +115,7 @@ func (d *Datapath) SetRemotes(ctx context.Context, vni uint32, remotes []Remote)
 		}
 		hw, _ := net.ParseMAC(mac)
 		addr := net.ParseIP(ip)
-		fam := unix.AF_INET6
-		if addr.To4() != nil {
-			fam = unix.AF_INET
-		}
-		n := &netlink.Neigh{LinkIndex: ix, Family: fam, State: netlink.NUD_PERMANENT, IP: addr, HardwareAddr: hw}
+		n := &netlink.Neigh{LinkIndex: ix, Family: familyOf(addr), State: netlink.NUD_PERMANENT, IP: addr, HardwareAddr: hw}
 		if err := d.h.NeighSet(n); err != nil {
 			return fmt.Errorf("set remotes of vpc %d: neighbour %s: %w", vni, ip, err)
 		}
@@ -143,11 +139,7 @@ func (d *Datapath) forgetHostNeighbour(vx netlink.Link, ip net.IP) error {
 	if br == 0 {
 		return nil
 	}
-	fam := unix.AF_INET6
-	if ip.To4() != nil {
-		fam = unix.AF_INET
-	}
-	n := &netlink.Neigh{LinkIndex: br, Family: fam, IP: ip}
+	n := &netlink.Neigh{LinkIndex: br, Family: familyOf(ip), IP: ip}
 	if err := d.h.NeighDel(n); err != nil && !isNoEnt(err) {
 		return fmt.Errorf("forget host neighbour %s: %w", ip, err)
 	}
