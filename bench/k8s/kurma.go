@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"kurma.dev/kurma/bench/internal/kurmanode"
@@ -25,6 +26,11 @@ var kurmaBin = flag.String("kurma-bin", "", "bin folder whose Kurma binaries the
 // pods while 100 sandboxes start on 2 cores, so it runs ahead of them,
 // as a node's networking daemon may (docs/kubernetes.md).
 const agentNice = -10
+
+// agentArgs is the -agent-args flag: more kurma-agent flags for the kurma
+// and kurma-base setups, after the bench's own (a later flag wins), e.g.
+// "--attach-workers 4 --nice 0" to compare settings in one run.
+var agentArgs = flag.String("agent-args", "", "more kurma-agent flags for the kurma setups, space-separated, after the bench's own (e.g. \"--attach-workers 4 --nice 0\")")
 
 // kurmaSetup is Kurma's driver as the node's CNI: the kurma-k8s shim
 // (timed by cnitool's wrapper), with the controller, the watcher and a
@@ -62,7 +68,7 @@ func kurmaFrom(_ context.Context, binDir, tmp, kurmaDir string) (setup, error) {
 	}
 	const metrics = "127.0.0.1:19697"
 	node := &kurmanode.Node{Socket: filepath.Join(tmp, "sock", "cni.sock"), CtlAddr: "127.0.0.1:19698", Token: "kbench",
-		AgentArgs: []string{"--metrics-listen", metrics, "--nice", strconv.Itoa(agentNice)}, BinDir: kurmaDir}
+		AgentArgs: append([]string{"--metrics-listen", metrics, "--nice", strconv.Itoa(agentNice)}, strings.Fields(*agentArgs)...), BinDir: kurmaDir}
 	return setup{
 		ConfList: kurmanode.ConfList(node.Socket),
 		BinDir:   plugins,

@@ -73,10 +73,12 @@ type attachments struct {
 	byPort   map[string]Attachment        // by port id
 	waiters  map[string][]chan plugResult // callers of Attach/Detach by port id
 	awaiting map[string]time.Time         // Attach calls waiting for their port to arrive, since when
+	plugging map[string]int               // ports whose plug is under way (VPC ensure and datapath), by port id
 }
 
 func newAttachments() *attachments {
-	return &attachments{byPort: map[string]Attachment{}, waiters: map[string][]chan plugResult{}, awaiting: map[string]time.Time{}}
+	return &attachments{byPort: map[string]Attachment{}, waiters: map[string][]chan plugResult{},
+		awaiting: map[string]time.Time{}, plugging: map[string]int{}}
 }
 
 func (t *attachments) get(portID string) (Attachment, bool) {
@@ -119,6 +121,33 @@ func (t *attachments) arrived(portID string) (time.Duration, bool) {
 	since, ok := t.awaiting[portID]
 	delete(t.awaiting, portID)
 	return time.Since(since), ok
+}
+
+// plugStarted and plugEnded bracket a port's plug (plug in port.go).
+func (t *attachments) plugStarted(portID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.plugging[portID]++
+}
+
+func (t *attachments) plugEnded(portID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.plugging[portID]--; t.plugging[portID] <= 0 {
+		delete(t.plugging, portID)
+	}
+}
+
+// Plugging reports whether the agent is plugging the port now: its VPC
+// ensure or its datapath plug is under way, most likely waiting for the
+// kernel (the RTNL lock, sysfs). The CNI daemon gives such an ADD more
+// time than one whose plug has not begun (cnid's Config.PlugGrace): a
+// kernel stall of a pod burst ends, and failing an ADD in the middle of
+// its plug costs the node a whole new sandbox.
+func (a *Agent) Plugging(portID string) bool {
+	a.att.mu.Lock()
+	defer a.att.mu.Unlock()
+	return a.att.plugging[portID] > 0
 }
 
 func (t *attachments) addWaiter(portID string, ch chan plugResult) {

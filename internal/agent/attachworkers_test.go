@@ -113,11 +113,28 @@ func TestAttachWorkers(t *testing.T) {
 				})
 			}
 			g.waitFor(t, tc.want)
+			// The plugs held at the gate are under way (the CNI daemon
+			// gives their ADDs more time); the ports queued behind them
+			// are not.
+			plugging := func() (n int) {
+				for _, p := range fc.ports {
+					if a.Plugging(p.ID) {
+						n++
+					}
+				}
+				return n
+			}
+			if n := plugging(); n != tc.want {
+				t.Errorf("%d ports plugging while %d plugs wait at the gate", n, tc.want)
+			}
 			close(g.open)
 			wg.Wait()
 			close(errs)
 			for err := range errs {
 				t.Error(err)
+			}
+			if n := plugging(); n != 0 {
+				t.Errorf("%d ports plugging after every Attach returned", n)
 			}
 			g.mu.Lock()
 			defer g.mu.Unlock()

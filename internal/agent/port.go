@@ -160,6 +160,8 @@ func (a *Agent) plug(ctx context.Context, spec datapath.PortSpec) error {
 	// the ensure, a convoy that stalled the burst's ADDs for seconds. Only
 	// the VPC's removal excludes plugs; ensures take turns at the VPC's
 	// ensure lock (ensureVPC), not at each other's plugs.
+	a.att.plugStarted(spec.ID)
+	defer a.att.plugEnded(spec.ID)
 	l := a.vpcs.lock(spec.VNI)
 	l.RLock()
 	var err error

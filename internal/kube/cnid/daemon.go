@@ -40,6 +40,8 @@ type Agent interface {
 	Detach(ctx context.Context, portID string) error
 	Restore(portID string, at agent.Attachment)
 	Synced() <-chan struct{}
+	// Plugging reports whether the agent is plugging the port now.
+	Plugging(portID string) bool
 }
 
 // PolicyGate is what an ADD waits for before the pod is plugged: its
@@ -68,6 +70,15 @@ type Config struct {
 	AnnotationTimeout, PollInterval time.Duration
 	// AttachTimeout bounds the agent's plug and UP report (default 30s).
 	AttachTimeout time.Duration
+	// PlugGrace is how much longer than AttachTimeout an ADD waits while
+	// the agent is plugging its port (Agent.Plugging; default 30s): in a
+	// burst of pod sandboxes the kernel's RTNL lock can stall every plug
+	// for tens of seconds (bench/README.md, stop 32; in one round of stop
+	// 31 four ADDs failed at 30s), and an ADD failed in the middle of its
+	// plug costs the node a new sandbox, whose namespace and links load
+	// the same lock again. The bridge plugin, exec'd per ADD, has no
+	// deadline of its own there. The connection's deadline covers both.
+	PlugGrace time.Duration
 	// MaxConcurrent bounds the requests served at once (default 32).
 	MaxConcurrent int
 	// DelQueueInterval is how often the DELs the shim queued while the
@@ -120,6 +131,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.AttachTimeout <= 0 {
 		cfg.AttachTimeout = 30 * time.Second
+	}
+	if cfg.PlugGrace <= 0 {
+		cfg.PlugGrace = 30 * time.Second
 	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 32
@@ -259,7 +273,7 @@ func (d *Daemon) serve(ctx context.Context, c net.Conn) {
 	d.inflight.Add(1)
 	defer d.inflight.Add(-1)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(d.cfg.AnnotationTimeout + d.cfg.AttachTimeout + 10*time.Second))
+	_ = c.SetDeadline(time.Now().Add(d.cfg.AnnotationTimeout + d.cfg.AttachTimeout + d.cfg.PlugGrace + 10*time.Second))
 	var req cniwire.Request
 	dec := json.NewDecoder(io.LimitReader(c, cniwire.MaxMessage))
 	var resp cniwire.Response

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,9 +38,22 @@ type fakeAgent struct {
 	calls    []string // "attach <port> <device>", "detach <port>"
 	synced   chan struct{}
 	restored []string
+	// With wait set, Attach returns only once wait is closed (or its
+	// context ends); plugging is what Plugging answers, and asked is
+	// closed at its first call.
+	wait     chan struct{}
+	plugging bool
+	asked    chan struct{}
 }
 
-func (a *fakeAgent) Attach(_ context.Context, portID string, at agent.Attachment) (controllerapi.Port, error) {
+func (a *fakeAgent) Attach(ctx context.Context, portID string, at agent.Attachment) (controllerapi.Port, error) {
+	if a.wait != nil {
+		select {
+		case <-ctx.Done():
+			return controllerapi.Port{}, fmt.Errorf("attach port %s: %w", portID, ctx.Err())
+		case <-a.wait:
+		}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.calls = append(a.calls, "attach "+portID+" "+at.DeviceID+" "+at.DeviceOwner)
@@ -57,6 +71,19 @@ func (a *fakeAgent) Restore(portID string, _ agent.Attachment) {
 	a.restored = append(a.restored, portID)
 }
 func (a *fakeAgent) Synced() <-chan struct{} { return a.synced }
+
+func (a *fakeAgent) Plugging(string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.asked != nil {
+		select {
+		case <-a.asked:
+		default:
+			close(a.asked)
+		}
+	}
+	return a.plugging
+}
 
 func (a *fakeAgent) takeCalls() []string {
 	a.mu.Lock()
@@ -337,5 +364,48 @@ func TestDelGCStatus(t *testing.T) {
 	e.ag.synced = make(chan struct{})
 	if code, _ := e.do(t, "STATUS", "c3", "", conf); code != cnitypes.ErrPluginNotAvailable {
 		t.Fatalf("STATUS with the agent not synced: code %d", code)
+	}
+}
+
+// TestAddPlugGrace: an ADD whose plug is under way when AttachTimeout
+// passes waits for it (up to PlugGrace more) instead of failing in the
+// middle of the plug; one whose plug has not begun fails at
+// AttachTimeout, and one whose plug outlasts the grace fails then.
+func TestAddPlugGrace(t *testing.T) {
+	const attachTimeout, grace = 100 * time.Millisecond, 400 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		plugging bool
+		// returns: the fake plug ends once the daemon has asked whether
+		// it is under way (which it does at AttachTimeout); otherwise it
+		// never ends.
+		returns bool
+		code    uint
+		least   time.Duration // the ADD takes at least this long
+	}{
+		{name: "plug under way at the timeout, then done", plugging: true, returns: true, least: attachTimeout},
+		{name: "plug not begun", code: cniwire.ErrPlugFailed, least: attachTimeout},
+		{name: "plug under way past the grace", plugging: true, code: cniwire.ErrPlugFailed, least: attachTimeout + grace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeDaemon(t, 200*time.Millisecond, fakePod("u1", annotation(t, nil)))
+			e.d.cfg.AttachTimeout, e.d.cfg.PlugGrace = attachTimeout, grace
+			e.ag.plugging, e.ag.asked, e.ag.wait = tc.plugging, make(chan struct{}), make(chan struct{})
+			if tc.returns {
+				e.ag.wait = e.ag.asked
+			}
+			start := time.Now()
+			code, out := e.do(t, "ADD", "c1", "u1", conf)
+			took := time.Since(start)
+			if code != tc.code {
+				t.Fatalf("code %d, want %d: %s", code, tc.code, out)
+			}
+			if took < tc.least {
+				t.Fatalf("ADD answered after %s, want at least %s", took, tc.least)
+			}
+			if tc.code != 0 && !strings.Contains(string(out), "deadline exceeded") {
+				t.Fatalf("error %s does not say the deadline passed", out)
+			}
+		})
 	}
 }

@@ -256,8 +256,9 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 			}
 		}
 	}()
-	actx, cancel := context.WithTimeout(ctx, d.cfg.AttachTimeout)
-	defer cancel()
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go d.attachDeadline(actx, cancel, n.PortID)
 	if d.cfg.Policy != nil {
 		start = time.Now()
 		var ip netip.Addr
@@ -276,6 +277,9 @@ func (d *Daemon) add(ctx context.Context, conf *types.NetConf, cid, ifname, netn
 	start = time.Now()
 	port, err := d.cfg.Agent.Attach(actx, n.PortID, attachment(rec))
 	if err != nil {
+		if ctx.Err() == nil && actx.Err() != nil {
+			err = fmt.Errorf("%w: %w", err, context.Cause(actx))
+		}
 		notOwned = errors.Is(err, agent.ErrNotOwned)
 		return nil, d.agentError("plug port "+n.PortID, err)
 	}
@@ -336,6 +340,33 @@ func attachment(rec *record) agent.Attachment {
 // agentError maps an agent failure to a CNI error: the controller being
 // out of reach is 103, a port that is not the pod's (or is held by a live
 // sandbox) 106, anything else 104.
+// attachDeadline ends an ADD's wait for its plug (cancel) after
+// Config.AttachTimeout, unless the agent is plugging the port then: that
+// wait goes on while the plug is under way, up to Config.PlugGrace more.
+// Either cause wraps context.DeadlineExceeded.
+func (d *Daemon) attachDeadline(ctx context.Context, cancel context.CancelCauseFunc, portID string) {
+	const poll = 100 * time.Millisecond
+	t := time.NewTimer(d.cfg.AttachTimeout)
+	defer t.Stop()
+	hard := time.Now().Add(d.cfg.AttachTimeout + d.cfg.PlugGrace)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		switch {
+		case !d.cfg.Agent.Plugging(portID):
+			cancel(fmt.Errorf("%w: not plugged within %s", context.DeadlineExceeded, d.cfg.AttachTimeout))
+			return
+		case !time.Now().Before(hard):
+			cancel(fmt.Errorf("%w: plug still under way after %s", context.DeadlineExceeded, d.cfg.AttachTimeout+d.cfg.PlugGrace))
+			return
+		}
+		t.Reset(min(poll, time.Until(hard)))
+	}
+}
+
 func (d *Daemon) agentError(what string, err error) *types.Error {
 	synced := false
 	select {
