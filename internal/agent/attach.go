@@ -138,16 +138,23 @@ func (t *attachments) plugEnded(portID string) {
 	}
 }
 
-// Plugging reports whether the agent is plugging the port now: its VPC
-// ensure or its datapath plug is under way, most likely waiting for the
-// kernel (the RTNL lock, sysfs). The CNI daemon gives such an ADD more
-// time than one whose plug has not begun (cnid's Config.PlugGrace): a
-// kernel stall of a pod burst ends, and failing an ADD in the middle of
-// its plug costs the node a whole new sandbox.
+// Plugging reports whether the agent has the port's plug in hand: an
+// urgent sync of the port or its plug under way (VPC ensure, datapath),
+// most likely waiting for the kernel (the RTNL lock, sysfs), or, the port
+// known, its urgent sync queued behind attach workers that are all busy
+// so. The CNI daemon gives such an ADD more time than one whose port has
+// not come (cnid's Config.PlugGrace): a kernel stall of a pod burst ends,
+// and failing an ADD in the middle of its plug costs the node a whole new
+// sandbox.
 func (a *Agent) Plugging(portID string) bool {
 	a.att.mu.Lock()
-	defer a.att.mu.Unlock()
-	return a.att.plugging[portID] > 0
+	n := a.att.plugging[portID]
+	a.att.mu.Unlock()
+	if n > 0 {
+		return true
+	}
+	_, known := a.ports.get(portID)
+	return known && a.q.UrgentQueued(portKey(portID))
 }
 
 func (t *attachments) addWaiter(portID string, ch chan plugResult) {

@@ -113,9 +113,9 @@ func TestAttachWorkers(t *testing.T) {
 				})
 			}
 			g.waitFor(t, tc.want)
-			// The plugs held at the gate are under way (the CNI daemon
-			// gives their ADDs more time); the ports queued behind them
-			// are not.
+			// The plugs held at the gate are under way, and the ports
+			// queued behind them wait for those workers: the CNI daemon
+			// gives all their ADDs more time.
 			plugging := func() (n int) {
 				for _, p := range fc.ports {
 					if a.Plugging(p.ID) {
@@ -124,8 +124,13 @@ func TestAttachWorkers(t *testing.T) {
 				}
 				return n
 			}
-			if n := plugging(); n != tc.want {
-				t.Errorf("%d ports plugging while %d plugs wait at the gate", n, tc.want)
+			// (The Attach calls behind the gate queue their ports in
+			// their own time: wait for them.)
+			for deadline := time.Now().Add(10 * time.Second); plugging() != tc.attach; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d ports plugging while %d plugs wait at the gate and %d behind them, want %d",
+						plugging(), tc.want, tc.attach-tc.want, tc.attach)
+				}
 			}
 			close(g.open)
 			wg.Wait()
@@ -133,8 +138,11 @@ func TestAttachWorkers(t *testing.T) {
 			for err := range errs {
 				t.Error(err)
 			}
-			if n := plugging(); n != 0 {
-				t.Errorf("%d ports plugging after every Attach returned", n)
+			// (An urgent sync ends just after it tells its Attach.)
+			for deadline := time.Now().Add(10 * time.Second); plugging() != 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d ports plugging after every Attach returned", plugging())
+				}
 			}
 			g.mu.Lock()
 			defer g.mu.Unlock()

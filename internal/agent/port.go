@@ -31,6 +31,10 @@ const maxReason = 400
 //  5. ensure its VPC unless it has the port's gateways (vpc.go), plug;
 //  6. tell the waiting Attach, then report (now, or in the plain sync).
 func (a *Agent) syncPort(ctx context.Context, id string, urgent bool) (retErr error) {
+	if urgent {
+		a.att.plugStarted(id) // Plugging: a CNI ADD waits on this sync
+		defer a.att.plugEnded(id)
+	}
 	p, ok := a.ports.get(id)
 	if !ok && !a.ports.isSynced() {
 		// Not listed yet: absence means nothing. The first list ends with

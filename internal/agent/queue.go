@@ -224,6 +224,14 @@ func (q *queue) Done(key string) {
 	}
 }
 
+// UrgentQueued reports whether key waits in the urgent line (added by
+// AddUrgent and not yet handed out, or to be handed out again by Done).
+func (q *queue) UrgentQueued(key string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.isUrgent[key] && q.dirty[key]
+}
+
 // Len is the number of keys waiting (not counting delayed retries).
 func (q *queue) Len() int {
 	q.mu.Lock()

@@ -180,3 +180,29 @@ func TestQueueUrgentWorker(t *testing.T) {
 		t.Fatal("urgent worker never got later")
 	}
 }
+
+// TestQueueUrgentQueued: a key is in the urgent line from AddUrgent until
+// a worker takes it, and again when it is made urgent while processed.
+func TestQueueUrgentQueued(t *testing.T) {
+	q := newQueue(time.Millisecond, 10*time.Millisecond)
+	defer q.Shutdown()
+	check := func(step string, want bool) {
+		t.Helper()
+		if got := q.UrgentQueued("k"); got != want {
+			t.Fatalf("%s: urgent queued %t, want %t", step, got, want)
+		}
+	}
+	check("never added", false)
+	q.Add("k")
+	check("added plain", false)
+	q.AddUrgent("k")
+	check("made urgent", true)
+	if k, _, ok := q.GetUrgent(); !ok || k != "k" {
+		t.Fatalf("got %q", k)
+	}
+	check("taken", false)
+	q.AddUrgent("k")
+	check("urgent again while processed", true)
+	q.Done("k")
+	check("handed out again", true)
+}
