@@ -59,6 +59,17 @@ type Path struct {
 	trusted bool
 	ident   string
 	written int // element operations of the last Sync or Apply (tests)
+	// committed: how long the last Apply's transaction took (netlink
+	// send and the kernel's answer), for benchmarks.
+	committed time.Duration
+}
+
+// LastCommit returns the element operations and the transaction's time
+// (netlink and kernel, without the walk before it) of the last Apply.
+func (p *Path) LastCommit() (ops int, took time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.written, p.committed
 }
 
 // New writes the skeleton (sets, chains) into the table; elements a
@@ -602,6 +613,7 @@ func (p *Path) commit(ctx context.Context) error {
 				}
 			}
 		})
+	p.committed = time.Since(start)
 	if err != nil {
 		p.trusted = false
 		return fmt.Errorf("policypath: %w", err)
