@@ -261,15 +261,18 @@ func (p *Path) inHost(f func() error) error { return nfthost.InHost(p.cfg.HostNS
 func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var w walks
 	for k, pod := range changes {
-		p.setOwner(k, pod)
+		p.setOwnerWith(k, pod, &w)
 	}
 	return p.commit(ctx)
 }
 
-func (p *Path) setOwner(k string, pod *Pod) {
+func (p *Path) setOwner(k string, pod *Pod) { p.setOwnerWith(k, pod, nil) }
+
+func (p *Path) setOwnerWith(k string, pod *Pod, w *walks) {
 	old, had := p.pods[k]
-	if pod != nil && had && p.patchOwner(&old, pod) {
+	if pod != nil && had && p.patchOwner(&old, pod, w) {
 		p.pods[k] = *pod
 		return
 	}
@@ -335,19 +338,26 @@ func (p *Path) unref(e elem) {
 // patchOwner moves a pod from old to cur by walking their sorted allow
 // lists together: only the allows that differ touch an element (and, when
 // a ranged allow differs, the pod's interval elements are recomputed, few
-// as they are). So a change costs O(allows compared) without allocation,
-// plus O(change) element work. It reports false, having done nothing,
+// as they are). So a change costs O(allows compared), once per distinct
+// pair of lists in one Apply (w, see walks), plus O(change) element work
+// and allocation. It reports false, having done nothing,
 // when the address or isolation changed or a list is not sorted (the
 // caller then diffs every element).
-func (p *Path) patchOwner(old, cur *Pod) bool {
+func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 	if old.IP != cur.IP || !cur.IP.Is4() || old.Ingress.Isolated != cur.Ingress.Isolated || old.Egress.Isolated != cur.Egress.Isolated {
 		return false
 	}
 	olds, curs := [2]Dir{old.Ingress, old.Egress}, [2]Dir{cur.Ingress, cur.Egress}
+	var diffs [2][]touched
 	for d := range 2 {
-		if curs[d].Isolated && (!strictlySorted(olds[d].Allow) || !strictlySorted(curs[d].Allow)) {
+		if !curs[d].Isolated {
+			continue
+		}
+		t, ok := w.diff(olds[d].Allow, curs[d].Allow)
+		if !ok {
 			return false
 		}
+		diffs[d] = t
 	}
 	pod := u32(cur.IP)
 	ranged := false
@@ -364,32 +374,90 @@ func (p *Path) patchOwner(old, cur *Pod) bool {
 		}
 	}
 	for d := range 2 {
-		if !curs[d].Isolated {
-			continue
-		}
-		o, c := olds[d].Allow, curs[d].Allow
-		i, j := 0, 0
-		for i < len(o) || j < len(c) {
-			switch {
-			case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
-				i++
-				j++
-			case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
-				touch(d, o[i], false)
-				i++
-			case i == len(o) || cmpAllow(o[i], c[j]) > 0:
-				touch(d, c[j], true)
-				j++
-			default:
-				i++
-				j++
-			}
+		for _, t := range diffs[d] {
+			touch(d, t.a, t.add)
 		}
 	}
 	if ranged {
 		p.diff(rangedElems(old), rangedElems(cur))
 	}
 	return true
+}
+
+// walks remembers, during one Apply, the differences between the old
+// and new lists of the pods patched so far, by the lists' identities:
+// the engine hands the same list to the local pods alike in its
+// computation (replicas of one workload), so a peer's change walks each
+// distinct pair of lists once, however many pods share it.
+type walks map[listPair]walked
+
+// walked is the diff of a pair of lists, ok false when one is not
+// strictly sorted (then there is none).
+type walked struct {
+	t  []touched
+	ok bool
+}
+
+// listPair identifies an old and a new list (their first elements'
+// addresses and lengths).
+type listPair struct {
+	o, c   *Allow
+	no, nc int
+}
+
+// touched is one allow in which two lists differ: added (in the new list
+// only) or taken out.
+type touched struct {
+	a   Allow
+	add bool
+}
+
+// diff returns the allows in which lists o and c differ, in order, or
+// false when one is not strictly sorted; from w when it walked the same
+// pair already (w nil: no memo).
+func (w *walks) diff(o, c []Allow) ([]touched, bool) {
+	var key listPair
+	if w != nil && len(o) > 0 && len(c) > 0 {
+		key = listPair{&o[0], &c[0], len(o), len(c)}
+		if r, ok := (*w)[key]; ok {
+			return r.t, r.ok
+		}
+	}
+	if !strictlySorted(o) || !strictlySorted(c) {
+		if key.o != nil {
+			w.put(key, walked{})
+		}
+		return nil, false
+	}
+	var out []touched
+	i, j := 0, 0
+	for i < len(o) || j < len(c) {
+		switch {
+		case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
+			i++
+			j++
+		case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
+			out = append(out, touched{o[i], false})
+			i++
+		case i == len(o) || cmpAllow(o[i], c[j]) > 0:
+			out = append(out, touched{c[j], true})
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	if key.o != nil {
+		w.put(key, walked{out, true})
+	}
+	return out, true
+}
+
+func (w *walks) put(k listPair, r walked) {
+	if *w == nil {
+		*w = walks{}
+	}
+	(*w)[k] = r
 }
 
 // Sync makes the kernel hold exactly the elements of all, whatever it
