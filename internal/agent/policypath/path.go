@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+	mnl "github.com/mdlayher/netlink"
 	"sigs.k8s.io/knftables"
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
@@ -62,6 +63,10 @@ type Path struct {
 	// committed: how long the last Apply's transaction took (netlink
 	// send and the kernel's answer), for benchmarks.
 	committed time.Duration
+	// raw is the netlink connection changes are committed on, txb the
+	// buffer their transactions are encoded in (commitOps).
+	raw *mnl.Conn
+	txb []byte
 }
 
 // LastCommit returns the element operations and the transaction's time
@@ -242,6 +247,9 @@ func (p *Path) inPlace(prints map[string]string) bool {
 
 // Close releases the handles; the kernel state stays.
 func (p *Path) Close() error {
+	if p.raw != nil {
+		_ = p.raw.Close()
+	}
 	if p.conn != nil {
 		_ = p.conn.Close()
 	}
@@ -651,7 +659,7 @@ type op struct {
 }
 
 // commit brings every pending element to its wanted state: one netlink
-// transaction, deletions first. After a failed Sync (the kernel's state
+// transaction, deletions first (commitOps). After a failed Sync (the kernel's state
 // unknown) it refuses: the caller's next Sync repairs.
 func (p *Path) commit(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
@@ -660,7 +668,7 @@ func (p *Path) commit(ctx context.Context) error {
 	if p.kernel < 0 {
 		return errors.New("policypath: the last full sync failed; the next one repairs")
 	}
-	var ops []op
+	ops := make([]op, 0, len(p.pending))
 	for e, have := range p.pending {
 		if want := p.refs[e] > 0; want != have {
 			ops = append(ops, op{e, have})
@@ -668,19 +676,7 @@ func (p *Path) commit(ctx context.Context) error {
 	}
 	p.written = len(ops)
 	start := time.Now()
-	err := nftbatch.Commit(p.conn, ops,
-		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
-		func(o op) nftables.SetElement { return p.element(o.e) },
-		func(tx []op) {
-			for _, o := range tx {
-				p.pending[o.e] = !o.del // what the kernel now holds
-				if o.del {
-					p.kernel--
-				} else {
-					p.kernel++
-				}
-			}
-		})
+	err := p.commitOps(ops)
 	p.committed = time.Since(start)
 	if err != nil {
 		p.trusted = false
@@ -693,12 +689,85 @@ func (p *Path) commit(ctx context.Context) error {
 	return nil
 }
 
-func (p *Path) element(e elem) nftables.SetElement {
-	d := setDefs[e.set]
-	if !d.interval {
-		return nftables.SetElement{Key: slices.Clone(e.key[:d.keyLen])}
+// commitOps writes ops as nftbatch.Commit would (deletions first, each
+// run of one set in messages of at most nftbatch.MsgElems, one
+// transaction per nftbatch.TxOps), but encoded directly into a buffer
+// the Path keeps (fullTx) and sent on a netlink connection it keeps: a
+// change allocates nothing per element, where the general library built
+// each element's attributes and messages anew (a label change's 400
+// operations were about 250 KB of garbage).
+func (p *Path) commitOps(ops []op) error {
+	slices.SortFunc(ops, func(a, b op) int {
+		if a.del != b.del {
+			if a.del {
+				return -1
+			}
+			return 1
+		}
+		return int(a.e.set) - int(b.e.set)
+	})
+	for len(ops) > 0 {
+		tx := ops[:min(len(ops), nftbatch.TxOps)]
+		ops = ops[len(tx):]
+		t := fullTx{b: p.txb[:0]}
+		t.begin()
+		for i := 0; i < len(tx); {
+			j := i + 1
+			for j < len(tx) && j-i < nftbatch.MsgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
+				j++
+			}
+			run := tx[i:j]
+			t.elems(p.cfg.Table, setDefs[run[0].e.set], run[0].del, len(run), func(k int) *elem { return &run[k].e })
+			i = j
+		}
+		t.finish()
+		err := p.sendKept(&t)
+		if cap(t.b) <= keptTx {
+			p.txb = t.b[:0]
+		}
+		if err != nil {
+			return err
+		}
+		for _, o := range tx {
+			p.pending[o.e] = !o.del // what the kernel now holds
+			if o.del {
+				p.kernel--
+			} else {
+				p.kernel++
+			}
+		}
 	}
-	return nftables.SetElement{Key: slices.Clone(e.key[:d.keyLen]), KeyEnd: slices.Clone(e.key[d.keyLen : 2*d.keyLen])}
+	return nil
+}
+
+// keptTx is the largest transaction sent on the kept connection (and
+// whose buffer is kept): a change's; a larger one (a big diff sync) goes
+// through send on a connection sized for it.
+const keptTx = 1 << 20
+
+// sendKept sends t on the kept connection, dialled when there is none;
+// after any error the connection is dropped (acks may be left unread).
+func (p *Path) sendKept(t *fullTx) error {
+	if len(t.b) > keptTx {
+		return p.send(t)
+	}
+	if p.raw == nil {
+		c, err := p.dial()
+		if err != nil {
+			return err
+		}
+		if err := sizeBuffers(c, 2*keptTx, 4<<20); err != nil {
+			_ = c.Close()
+			return err
+		}
+		p.raw = c
+	}
+	if err := sendOn(p.raw, t); err != nil {
+		_ = p.raw.Close()
+		p.raw = nil
+		return err
+	}
+	return nil
 }
 
 // Elements reports how many elements the kernel holds, as last written
