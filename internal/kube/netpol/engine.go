@@ -345,6 +345,15 @@ func count(set map[Allow]int32, flip map[Allow]bool, a Allow, sign int32) {
 	}
 }
 
+// reuse returns flip map f emptied, or nil when it is large.
+func reuse(f map[Allow]bool) map[Allow]bool {
+	if len(f) > 256 {
+		return nil
+	}
+	clear(f)
+	return f
+}
+
 // flips returns f, made when nil.
 func flips(f *map[Allow]bool) map[Allow]bool {
 	if *f == nil {
@@ -692,6 +701,7 @@ func (e *Engine) Compute() map[string]*Rules {
 	// computeLike) and whose flips agree share the patched list too: a
 	// peer's change builds one new list per class, not one per pod.
 	var pm patchMemo
+	var patched []*podContrib
 	for k := range e.deltas {
 		c, old := e.contrib[k], e.rules[k]
 		if e.dirty[k] || c == nil || old == nil {
@@ -699,13 +709,19 @@ func (e *Engine) Compute() map[string]*Rules {
 		}
 		in, inCh := pm.patch(old.Ingress, c.isoIn > 0, c.in, c.flipIn)
 		eg, egCh := pm.patch(old.Egress, c.isoEg > 0, c.eg, c.flipEg)
-		c.flipIn, c.flipEg = nil, nil
+		patched = append(patched, c)
 		if !inCh && !egCh {
 			continue
 		}
 		r := &Rules{IP: old.IP, Ingress: in, Egress: eg}
 		out[k] = r
 		e.rules[k] = r
+	}
+	// The flips are spent (pm, which holds them, is done): emptied for
+	// the next change rather than made anew, unless large (a big change
+	// would keep its map's room).
+	for _, c := range patched {
+		c.flipIn, c.flipEg = reuse(c.flipIn), reuse(c.flipEg)
 	}
 	e.stats.Recomputed, e.stats.Changed = len(e.dirty), len(out)
 	e.stats.Patched = 0
