@@ -40,7 +40,11 @@
 // Apply takes the wanted rules of the pods that changed and commits, in
 // one netlink transaction, only the elements whose wanted state changed
 // (each owner's references are counted; the path remembers, for the
-// elements touched since the last commit, whether the kernel held them).
+// elements touched since the last commit, whether the kernel held them),
+// encoded as the full sync's is (fulltx.go) into a buffer the Path keeps
+// and sent on a netlink connection it keeps: a change allocates nothing
+// per element. Pods handed the same old and new lists (replicas, which
+// the engine gives one list) are walked once per Apply.
 // Sync makes the kernel equal to the whole wanted state whatever it held
 // (after a restart or kill -9, or drift): the first one of a process
 // flushes every policy set and adds every wanted element in one atomic

@@ -93,27 +93,37 @@ func (t *fullTx) flushSet(table, name string) {
 func (t *fullTx) addElems(table string, d setDef, els []elem) {
 	for len(els) > 0 {
 		n := min(len(els), nftbatch.MsgElems)
-		at := t.msg(nftMsgType|unix.NFT_MSG_NEWSETELEM, unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE, 0, unix.NFPROTO_INET)
-		t.str(unix.NFTA_SET_ELEM_LIST_TABLE, table)
-		t.str(unix.NFTA_SET_ELEM_LIST_SET, d.name)
-		list := t.attr(unix.NFTA_SET_ELEM_LIST_ELEMENTS | nested)
-		for i := range els[:n] {
-			e := &els[i]
-			item := t.attr(uint16(i+1) | nested)
-			k := t.attr(unix.NFTA_SET_ELEM_KEY | nested)
-			t.bytes(unix.NFTA_DATA_VALUE, e.key[:d.keyLen])
-			t.attrEnd(k)
-			if d.interval {
-				k := t.attr(nftaSetElemKeyEnd | nested)
-				t.bytes(unix.NFTA_DATA_VALUE, e.key[d.keyLen:2*d.keyLen])
-				t.attrEnd(k)
-			}
-			t.attrEnd(item)
-		}
-		t.attrEnd(list)
-		t.end(at)
+		t.elems(table, d, false, n, func(i int) *elem { return &els[i] })
 		els = els[n:]
 	}
+}
+
+// elems adds one message adding (del: deleting) the n elements at(0)
+// ... at(n-1) of set d.
+func (t *fullTx) elems(table string, d setDef, del bool, n int, at func(int) *elem) {
+	typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE)
+	if del {
+		typ, flags = unix.NFT_MSG_DELSETELEM, unix.NLM_F_REQUEST|unix.NLM_F_ACK
+	}
+	m := t.msg(nftMsgType|typ, flags, 0, unix.NFPROTO_INET)
+	t.str(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+	t.str(unix.NFTA_SET_ELEM_LIST_SET, d.name)
+	list := t.attr(unix.NFTA_SET_ELEM_LIST_ELEMENTS | nested)
+	for i := range n {
+		e := at(i)
+		item := t.attr(uint16(i+1) | nested)
+		k := t.attr(unix.NFTA_SET_ELEM_KEY | nested)
+		t.bytes(unix.NFTA_DATA_VALUE, e.key[:d.keyLen])
+		t.attrEnd(k)
+		if d.interval {
+			k := t.attr(nftaSetElemKeyEnd | nested)
+			t.bytes(unix.NFTA_DATA_VALUE, e.key[d.keyLen:2*d.keyLen])
+			t.attrEnd(k)
+		}
+		t.attrEnd(item)
+	}
+	t.attrEnd(list)
+	t.end(m)
 }
 
 // begin and finish open and close the batch.
@@ -134,18 +144,38 @@ func (p *Path) send(t *fullTx) error {
 		return err
 	}
 	defer c.Close()
+	if err := sizeBuffers(c, len(t.b)+(1<<20), 8<<20); err != nil {
+		return err
+	}
+	return sendOn(c, t)
+}
+
+// sizeBuffers sets c's send and receive buffers.
+func sizeBuffers(c *mnl.Conn, snd, rcv int) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("policypath: %w", err)
 	}
 	var serr error
 	err = rc.Control(func(fd uintptr) {
-		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(t.b)+(1<<20)),
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20))
+		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, snd),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcv))
 	})
 	if err = errors.Join(err, serr); err != nil {
 		return fmt.Errorf("policypath: socket buffers: %w", err)
 	}
+	return nil
+}
+
+// sendOn writes the batch in one sendmsg on c and reads one ack per
+// message that asked for one; the first error fails it (the kernel then
+// applied none of the batch, and acks may be left unread on c).
+func sendOn(c *mnl.Conn, t *fullTx) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("policypath: %w", err)
+	}
+	var serr error
 	err = rc.Write(func(fd uintptr) bool {
 		serr = unix.Sendto(int(fd), t.b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
 		return !errors.Is(serr, unix.EAGAIN)

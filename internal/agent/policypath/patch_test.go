@@ -213,3 +213,59 @@ func BenchmarkPatchOwner(b *testing.B) {
 		clear(p.pending)
 	}
 }
+
+// TestSharedListsWalkedOnce: in one Apply, pods that had the same list
+// and get the same new one (replicas, as the engine hands them out) are
+// walked once for all of them; a pod with other lists, or lists out of
+// order, is walked (or diffed in full) on its own; and the references
+// equal those of every pod's elements counted from scratch.
+func TestSharedListsWalkedOnce(t *testing.T) {
+	mk := func(peers, ports int, sorted bool) Dir {
+		d := Dir{Isolated: true}
+		for peer := range peers {
+			for port := range ports {
+				a := Addr4(10<<24 | 64<<16 | peer)
+				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port), PortHi: uint16(1000 + port)})
+			}
+		}
+		if sorted {
+			slices.SortFunc(d.Allow, cmpAllow)
+		} else {
+			slices.Reverse(d.Allow)
+		}
+		return d
+	}
+	old, cur, other := mk(10, 5, true), mk(11, 5, true), mk(9, 5, true)
+	for _, tc := range []struct {
+		name  string
+		next  []Dir // per pod, after old
+		walks int   // distinct pairs walked
+	}{
+		{"all alike", []Dir{cur, cur, cur, cur}, 1},
+		{"two new lists", []Dir{cur, other, cur, other}, 2},
+		{"unsorted", []Dir{cur, mk(11, 5, false), cur, cur}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
+			for i := range tc.next {
+				p.setOwner(fmt.Sprint(i), &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: old})
+			}
+			var w walks
+			for i, d := range tc.next {
+				p.setOwnerWith(fmt.Sprint(i), &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: d}, &w)
+			}
+			if len(w) != tc.walks {
+				t.Errorf("%d pairs of lists walked, want %d", len(w), tc.walks)
+			}
+			want := map[elem]int32{}
+			for _, q := range p.pods {
+				for _, e := range elementsOf(&q) {
+					want[e]++
+				}
+			}
+			if !maps.Equal(p.refs, want) {
+				t.Errorf("references differ from the pods' elements counted from scratch")
+			}
+		})
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+	mnl "github.com/mdlayher/netlink"
 	"sigs.k8s.io/knftables"
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
@@ -59,6 +60,21 @@ type Path struct {
 	trusted bool
 	ident   string
 	written int // element operations of the last Sync or Apply (tests)
+	// committed: how long the last Apply's transaction took (netlink
+	// send and the kernel's answer), for benchmarks.
+	committed time.Duration
+	// raw is the netlink connection changes are committed on, txb the
+	// buffer their transactions are encoded in (commitOps).
+	raw *mnl.Conn
+	txb []byte
+}
+
+// LastCommit returns the element operations and the transaction's time
+// (netlink and kernel, without the walk before it) of the last Apply.
+func (p *Path) LastCommit() (ops int, took time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.written, p.committed
 }
 
 // New writes the skeleton (sets, chains) into the table; elements a
@@ -231,6 +247,9 @@ func (p *Path) inPlace(prints map[string]string) bool {
 
 // Close releases the handles; the kernel state stays.
 func (p *Path) Close() error {
+	if p.raw != nil {
+		_ = p.raw.Close()
+	}
 	if p.conn != nil {
 		_ = p.conn.Close()
 	}
@@ -250,15 +269,18 @@ func (p *Path) inHost(f func() error) error { return nfthost.InHost(p.cfg.HostNS
 func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var w walks
 	for k, pod := range changes {
-		p.setOwner(k, pod)
+		p.setOwnerWith(k, pod, &w)
 	}
 	return p.commit(ctx)
 }
 
-func (p *Path) setOwner(k string, pod *Pod) {
+func (p *Path) setOwner(k string, pod *Pod) { p.setOwnerWith(k, pod, nil) }
+
+func (p *Path) setOwnerWith(k string, pod *Pod, w *walks) {
 	old, had := p.pods[k]
-	if pod != nil && had && p.patchOwner(&old, pod) {
+	if pod != nil && had && p.patchOwner(&old, pod, w) {
 		p.pods[k] = *pod
 		return
 	}
@@ -324,19 +346,26 @@ func (p *Path) unref(e elem) {
 // patchOwner moves a pod from old to cur by walking their sorted allow
 // lists together: only the allows that differ touch an element (and, when
 // a ranged allow differs, the pod's interval elements are recomputed, few
-// as they are). So a change costs O(allows compared) without allocation,
-// plus O(change) element work. It reports false, having done nothing,
+// as they are). So a change costs O(allows compared), once per distinct
+// pair of lists in one Apply (w, see walks), plus O(change) element work
+// and allocation. It reports false, having done nothing,
 // when the address or isolation changed or a list is not sorted (the
 // caller then diffs every element).
-func (p *Path) patchOwner(old, cur *Pod) bool {
+func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 	if old.IP != cur.IP || !cur.IP.Is4() || old.Ingress.Isolated != cur.Ingress.Isolated || old.Egress.Isolated != cur.Egress.Isolated {
 		return false
 	}
 	olds, curs := [2]Dir{old.Ingress, old.Egress}, [2]Dir{cur.Ingress, cur.Egress}
+	var diffs [2][]touched
 	for d := range 2 {
-		if curs[d].Isolated && (!strictlySorted(olds[d].Allow) || !strictlySorted(curs[d].Allow)) {
+		if !curs[d].Isolated {
+			continue
+		}
+		t, ok := w.diff(olds[d].Allow, curs[d].Allow)
+		if !ok {
 			return false
 		}
+		diffs[d] = t
 	}
 	pod := u32(cur.IP)
 	ranged := false
@@ -353,32 +382,90 @@ func (p *Path) patchOwner(old, cur *Pod) bool {
 		}
 	}
 	for d := range 2 {
-		if !curs[d].Isolated {
-			continue
-		}
-		o, c := olds[d].Allow, curs[d].Allow
-		i, j := 0, 0
-		for i < len(o) || j < len(c) {
-			switch {
-			case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
-				i++
-				j++
-			case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
-				touch(d, o[i], false)
-				i++
-			case i == len(o) || cmpAllow(o[i], c[j]) > 0:
-				touch(d, c[j], true)
-				j++
-			default:
-				i++
-				j++
-			}
+		for _, t := range diffs[d] {
+			touch(d, t.a, t.add)
 		}
 	}
 	if ranged {
 		p.diff(rangedElems(old), rangedElems(cur))
 	}
 	return true
+}
+
+// walks remembers, during one Apply, the differences between the old
+// and new lists of the pods patched so far, by the lists' identities:
+// the engine hands the same list to the local pods alike in its
+// computation (replicas of one workload), so a peer's change walks each
+// distinct pair of lists once, however many pods share it.
+type walks map[listPair]walked
+
+// walked is the diff of a pair of lists, ok false when one is not
+// strictly sorted (then there is none).
+type walked struct {
+	t  []touched
+	ok bool
+}
+
+// listPair identifies an old and a new list (their first elements'
+// addresses and lengths).
+type listPair struct {
+	o, c   *Allow
+	no, nc int
+}
+
+// touched is one allow in which two lists differ: added (in the new list
+// only) or taken out.
+type touched struct {
+	a   Allow
+	add bool
+}
+
+// diff returns the allows in which lists o and c differ, in order, or
+// false when one is not strictly sorted; from w when it walked the same
+// pair already (w nil: no memo).
+func (w *walks) diff(o, c []Allow) ([]touched, bool) {
+	var key listPair
+	if w != nil && len(o) > 0 && len(c) > 0 {
+		key = listPair{&o[0], &c[0], len(o), len(c)}
+		if r, ok := (*w)[key]; ok {
+			return r.t, r.ok
+		}
+	}
+	if !strictlySorted(o) || !strictlySorted(c) {
+		if key.o != nil {
+			w.put(key, walked{})
+		}
+		return nil, false
+	}
+	var out []touched
+	i, j := 0, 0
+	for i < len(o) || j < len(c) {
+		switch {
+		case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
+			i++
+			j++
+		case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
+			out = append(out, touched{o[i], false})
+			i++
+		case i == len(o) || cmpAllow(o[i], c[j]) > 0:
+			out = append(out, touched{c[j], true})
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	if key.o != nil {
+		w.put(key, walked{out, true})
+	}
+	return out, true
+}
+
+func (w *walks) put(k listPair, r walked) {
+	if *w == nil {
+		*w = walks{}
+	}
+	(*w)[k] = r
 }
 
 // Sync makes the kernel hold exactly the elements of all, whatever it
@@ -572,7 +659,7 @@ type op struct {
 }
 
 // commit brings every pending element to its wanted state: one netlink
-// transaction, deletions first. After a failed Sync (the kernel's state
+// transaction, deletions first (commitOps). After a failed Sync (the kernel's state
 // unknown) it refuses: the caller's next Sync repairs.
 func (p *Path) commit(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
@@ -581,7 +668,7 @@ func (p *Path) commit(ctx context.Context) error {
 	if p.kernel < 0 {
 		return errors.New("policypath: the last full sync failed; the next one repairs")
 	}
-	var ops []op
+	ops := make([]op, 0, len(p.pending))
 	for e, have := range p.pending {
 		if want := p.refs[e] > 0; want != have {
 			ops = append(ops, op{e, have})
@@ -589,19 +676,8 @@ func (p *Path) commit(ctx context.Context) error {
 	}
 	p.written = len(ops)
 	start := time.Now()
-	err := nftbatch.Commit(p.conn, ops,
-		func(o op) nftbatch.Key { return nftbatch.Key{Set: p.sets[o.e.set], Order: int(o.e.set), Del: o.del} },
-		func(o op) nftables.SetElement { return p.element(o.e) },
-		func(tx []op) {
-			for _, o := range tx {
-				p.pending[o.e] = !o.del // what the kernel now holds
-				if o.del {
-					p.kernel--
-				} else {
-					p.kernel++
-				}
-			}
-		})
+	err := p.commitOps(ops)
+	p.committed = time.Since(start)
 	if err != nil {
 		p.trusted = false
 		return fmt.Errorf("policypath: %w", err)
@@ -613,12 +689,85 @@ func (p *Path) commit(ctx context.Context) error {
 	return nil
 }
 
-func (p *Path) element(e elem) nftables.SetElement {
-	d := setDefs[e.set]
-	if !d.interval {
-		return nftables.SetElement{Key: slices.Clone(e.key[:d.keyLen])}
+// commitOps writes ops as nftbatch.Commit would (deletions first, each
+// run of one set in messages of at most nftbatch.MsgElems, one
+// transaction per nftbatch.TxOps), but encoded directly into a buffer
+// the Path keeps (fullTx) and sent on a netlink connection it keeps: a
+// change allocates nothing per element, where the general library built
+// each element's attributes and messages anew (a label change's 400
+// operations were about 250 KB of garbage).
+func (p *Path) commitOps(ops []op) error {
+	slices.SortFunc(ops, func(a, b op) int {
+		if a.del != b.del {
+			if a.del {
+				return -1
+			}
+			return 1
+		}
+		return int(a.e.set) - int(b.e.set)
+	})
+	for len(ops) > 0 {
+		tx := ops[:min(len(ops), nftbatch.TxOps)]
+		ops = ops[len(tx):]
+		t := fullTx{b: p.txb[:0]}
+		t.begin()
+		for i := 0; i < len(tx); {
+			j := i + 1
+			for j < len(tx) && j-i < nftbatch.MsgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
+				j++
+			}
+			run := tx[i:j]
+			t.elems(p.cfg.Table, setDefs[run[0].e.set], run[0].del, len(run), func(k int) *elem { return &run[k].e })
+			i = j
+		}
+		t.finish()
+		err := p.sendKept(&t)
+		if cap(t.b) <= keptTx {
+			p.txb = t.b[:0]
+		}
+		if err != nil {
+			return err
+		}
+		for _, o := range tx {
+			p.pending[o.e] = !o.del // what the kernel now holds
+			if o.del {
+				p.kernel--
+			} else {
+				p.kernel++
+			}
+		}
 	}
-	return nftables.SetElement{Key: slices.Clone(e.key[:d.keyLen]), KeyEnd: slices.Clone(e.key[d.keyLen : 2*d.keyLen])}
+	return nil
+}
+
+// keptTx is the largest transaction sent on the kept connection (and
+// whose buffer is kept): a change's; a larger one (a big diff sync) goes
+// through send on a connection sized for it.
+const keptTx = 1 << 20
+
+// sendKept sends t on the kept connection, dialled when there is none;
+// after any error the connection is dropped (acks may be left unread).
+func (p *Path) sendKept(t *fullTx) error {
+	if len(t.b) > keptTx {
+		return p.send(t)
+	}
+	if p.raw == nil {
+		c, err := p.dial()
+		if err != nil {
+			return err
+		}
+		if err := sizeBuffers(c, 2*keptTx, 4<<20); err != nil {
+			_ = c.Close()
+			return err
+		}
+		p.raw = c
+	}
+	if err := sendOn(p.raw, t); err != nil {
+		_ = p.raw.Close()
+		p.raw = nil
+		return err
+	}
+	return nil
 }
 
 // Elements reports how many elements the kernel holds, as last written

@@ -410,6 +410,7 @@ func (c *Controller) partial(ctx context.Context) error {
 	start := time.Now()
 	c.mu.Lock()
 	ch := c.eng.Compute()
+	st := c.eng.LastStats()
 	since, handled := c.since, c.handled
 	c.since = time.Time{}
 	c.mu.Unlock()
@@ -425,7 +426,8 @@ func (c *Controller) partial(ctx context.Context) error {
 			// started (the handler's engine work, the wake) → computed
 			// → in the kernel.
 			c.log.Debug("netpol: partial sync", "pods", len(ch), "compute", computed, "took", time.Since(start), "lag", time.Since(since),
-				"queued", handled.Sub(since), "handler", start.Sub(handled), "arrived_us", since.UnixMicro())
+				"queued", handled.Sub(since), "handler", start.Sub(handled), "arrived_us", since.UnixMicro(),
+				"recomputed", st.Recomputed, "patched", st.Patched, "weights_built", st.WeightsBuilt)
 		}
 	}
 	c.mu.Lock()

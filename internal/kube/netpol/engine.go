@@ -44,9 +44,28 @@ type Engine struct {
 	sels selCache
 	// weights keeps, per peer signature, peersChanged's weights while
 	// its policies and their polLocal entries stay as they are
-	// (sigWeights, dropWeights).
+	// (sigWeights, weightDelta).
 	weights map[string]*shapeWeights
+	stats   Stats
+	last    Stats
 }
+
+// Stats is what the engine did since the last Compute began, through
+// that Compute's end: for benchmarks and tests, to tell which work a
+// change caused.
+type Stats struct {
+	// WeightsBuilt: signatures whose shapeWeights were (re)computed.
+	WeightsBuilt int
+	// Recomputed: local pods recomputed from scratch by Compute;
+	// Patched: local pods whose rules Compute patched after deltas.
+	Recomputed, Patched int
+	// Changed: pods whose rules Compute returned.
+	Changed int
+}
+
+// LastStats returns the Stats of the last Compute (and the changes fed
+// before it).
+func (e *Engine) LastStats() Stats { return e.last }
 
 // NewEngine returns an empty engine for node.
 func NewEngine(node string) *Engine {
@@ -176,14 +195,15 @@ type shapeWeights struct {
 }
 
 // sigWeights returns signature sk's shapeWeights (its policies pks),
-// from e.weights or computed and kept there until polLocal or the
-// policies change (dropWeights): a run of peer changes (pods relabelled,
+// from e.weights or computed and kept there (policyDelta keeps them in
+// step, weightDelta; a Compute of dirty pods drops them): a run of peer changes (pods relabelled,
 // readdressed) costs one pass over the policies naming them, then one
 // delta per shape and local pod each.
 func (e *Engine) sigWeights(sk string, pks map[string]*policy) *shapeWeights {
 	if sw, ok := e.weights[sk]; ok {
 		return sw
 	}
+	e.stats.WeightsBuilt++
 	sw := &shapeWeights{weight: map[shapeLocal]int32{}, rep: map[string]*policy{}}
 	for pk, pol := range pks {
 		locals := e.polLocal[pk]
@@ -202,10 +222,33 @@ func (e *Engine) sigWeights(sk string, pks map[string]*policy) *shapeWeights {
 	return sw
 }
 
-// dropWeights forgets signature sk's shapeWeights: the polLocal entry or
-// the membership of one of its policies changed (SetPolicy,
-// DeletePolicy). A Compute of dirty pods forgets them all.
-func (e *Engine) dropWeights(sk string) { delete(e.weights, sk) }
+// weightDelta keeps the kept shapeWeights of pol's signature in step
+// with pol's polLocal entry for local pod l, which policyDelta just
+// changed (sign 1: added, -1: taken out), so that a policy's change
+// costs O(its local pods) here too, and the peer changes after it find
+// their weights kept instead of rebuilding them from every policy of
+// the signature. The representative of a shape may be a policy since
+// deleted or replaced: a shape's policies contribute alike (its
+// signature and ports say all peerDelta reads).
+//
+// The weights are exact for the local pods whose contributions are
+// current (not dirty), the only ones peersChanged uses; a Compute of
+// dirty pods rewrites polLocal and forgets them all.
+func (e *Engine) weightDelta(pol *policy, l string, sign int32) {
+	sw, ok := e.weights[sigKey(pol)]
+	if !ok {
+		return // built when a peer change needs it
+	}
+	k := shapeLocal{pol.shape, l}
+	if n := sw.weight[k] + sign; n > 0 {
+		sw.weight[k] = n
+	} else {
+		delete(sw.weight, k)
+	}
+	if sign > 0 {
+		sw.rep[pol.shape] = pol
+	}
+}
 
 // localRef is a local pod's state during one podChanged: its pod and
 // contributions, nil when it is to be recomputed.
@@ -300,6 +343,15 @@ func count(set map[Allow]int32, flip map[Allow]bool, a Allow, sign int32) {
 	if (n > 0) != (m > 0) {
 		flip[a] = true
 	}
+}
+
+// reuse returns flip map f emptied, or nil when it is large.
+func reuse(f map[Allow]bool) map[Allow]bool {
+	if len(f) > 256 {
+		return nil
+	}
+	clear(f)
+	return f
 }
 
 // flips returns f, made when nil.
@@ -485,12 +537,9 @@ func (e *Engine) SetPolicy(np *networkingv1.NetworkPolicy) error {
 	}
 	k := np.Namespace + "/" + np.Name
 	old := e.policies[k]
-	// Only this policy's polLocal entry and signatures change (a pod it
-	// dirties is recomputed by a Compute, which drops them all).
-	if old != nil {
-		e.dropWeights(sigKey(old))
-	}
-	e.dropWeights(sigKey(pol))
+	// Only this policy's polLocal entry changes: policyDelta keeps the
+	// kept weights of its signatures in step (a pod it dirties is
+	// recomputed by a Compute, which drops them all).
 	// The local pods the old version selected lose its contributions
 	// (counted against the current pods, as they were added: a peer's
 	// change keeps them current, see podChanged).
@@ -548,6 +597,7 @@ func (e *Engine) policyDelta(l, pk string, pol *policy, sign int32) {
 			e.podPols[l] = slices.Delete(e.podPols[l], i, i+1)
 		}
 	}
+	e.weightDelta(pol, l, sign)
 	counter := func(set map[Allow]int32, flip map[Allow]bool) func(Allow) {
 		return func(a Allow) { count(set, flip, a, sign) }
 	}
@@ -572,7 +622,6 @@ func (e *Engine) DeletePolicy(namespace, name string) {
 	if _, ok := e.policies[k]; !ok {
 		return
 	}
-	e.dropWeights(sigKey(e.policies[k]))
 	for l := range e.polLocal[k] {
 		e.policyDelta(l, k, e.policies[k], -1)
 	}
@@ -648,19 +697,40 @@ func (e *Engine) Compute() map[string]*Rules {
 			e.rules[k] = r
 		}
 	}
+	// Local pods that shared a list before the deltas (a class's, see
+	// computeLike) and whose flips agree share the patched list too: a
+	// peer's change builds one new list per class, not one per pod.
+	var pm patchMemo
+	var patched []*podContrib
 	for k := range e.deltas {
 		c, old := e.contrib[k], e.rules[k]
 		if e.dirty[k] || c == nil || old == nil {
 			continue
 		}
-		r := &Rules{IP: old.IP, Ingress: patch(old.Ingress, c.isoIn > 0, c.in, c.flipIn),
-			Egress: patch(old.Egress, c.isoEg > 0, c.eg, c.flipEg)}
-		c.flipIn, c.flipEg = nil, nil
-		if !old.Equal(r) {
-			out[k] = r
+		in, inCh := pm.patch(old.Ingress, c.isoIn > 0, c.in, c.flipIn)
+		eg, egCh := pm.patch(old.Egress, c.isoEg > 0, c.eg, c.flipEg)
+		patched = append(patched, c)
+		if !inCh && !egCh {
+			continue
 		}
+		r := &Rules{IP: old.IP, Ingress: in, Egress: eg}
+		out[k] = r
 		e.rules[k] = r
 	}
+	// The flips are spent (pm, which holds them, is done): emptied for
+	// the next change rather than made anew, unless large (a big change
+	// would keep its map's room).
+	for _, c := range patched {
+		c.flipIn, c.flipEg = reuse(c.flipIn), reuse(c.flipEg)
+	}
+	e.stats.Recomputed, e.stats.Changed = len(e.dirty), len(out)
+	e.stats.Patched = 0
+	for k := range e.deltas {
+		if !e.dirty[k] {
+			e.stats.Patched++
+		}
+	}
+	e.last, e.stats = e.stats, Stats{}
 	clear(e.deltas)
 	clear(e.dirty)
 	return out
@@ -812,6 +882,77 @@ func (e *Engine) ungroup(pol *policy) {
 
 // allowAll is the Allow of a rule without peers and ports.
 var allowAll = Allow{PeerLo: anyLo, PeerHi: anyHi}
+
+// patchMemo remembers, during one Compute, the lists patch built from
+// each old list, so that local pods which shared a list and got the same
+// flips share the result (see Compute).
+type patchMemo map[*Allow][]patched
+
+// patched is one list patch built: from the old list (its first
+// element's address keys the memo; n its length), with flip and the
+// counts set, the result d.
+type patched struct {
+	n    int
+	flip map[Allow]bool
+	set  map[Allow]int32
+	d    Dir
+}
+
+// patch is the package's patch, sharing the result with an earlier
+// pod's when that pod's old list was the same and its flips crossed
+// the same allows to the same side. It reports whether the direction
+// changed.
+func (m *patchMemo) patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) (Dir, bool) {
+	if len(flip) == 0 && iso == old.Isolated && (!iso || set[allowAll] == 0) {
+		return old, false
+	}
+	// Only the path that keeps the old list's isolation and copies it
+	// with the flips applied depends on nothing but the flips.
+	fast := iso && old.Isolated && set[allowAll] == 0 && len(old.Allow) > 0
+	if fast {
+		for _, p := range (*m)[&old.Allow[0]] {
+			if p.n == len(old.Allow) && sameFlips(p.flip, p.set, flip, set) {
+				return p.d, true
+			}
+		}
+	}
+	d := patch(old, iso, set, flip)
+	changed := d.Isolated != old.Isolated || !sameList(d.Allow, old.Allow)
+	if fast && changed {
+		if *m == nil {
+			*m = patchMemo{}
+		}
+		(*m)[&old.Allow[0]] = append((*m)[&old.Allow[0]], patched{n: len(old.Allow), flip: flip, set: set, d: d})
+	}
+	return d, changed
+}
+
+// sameList reports whether a and b are the same list: patch returns the
+// old one itself when nothing changed and a new one otherwise, except
+// through finish, which the length and contents tell.
+func sameList(a, b []Allow) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// sameFlips reports whether flips f (counts s) and g (counts t) name the
+// same allows, each now on the same side of zero.
+func sameFlips(f map[Allow]bool, s map[Allow]int32, g map[Allow]bool, t map[Allow]int32) bool {
+	if len(f) != len(g) {
+		return false
+	}
+	for a := range f {
+		if _, ok := g[a]; !ok || (s[a] > 0) != (t[a] > 0) {
+			return false
+		}
+	}
+	return true
+}
 
 // patch returns the direction whose last computed state is old, now
 // isolated iso with counts set, where only the Allows in flip may have

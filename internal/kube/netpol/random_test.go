@@ -22,7 +22,7 @@ func TestIncrementalEqualsScratch(t *testing.T) {
 	}
 	// Many policies alike in peers and ports (one signature, few shapes),
 	// as the bench's: a peer's change is applied once per shape, weighted.
-	for _, seed := range []uint64{8, 9, 10} {
+	for _, seed := range []uint64{8, 9, 10, 12, 13, 14} {
 		t.Run(fmt.Sprintf("alike-%d", seed), func(t *testing.T) { incrementalEqualsScratch(t, seed, true) })
 	}
 }
