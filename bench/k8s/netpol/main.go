@@ -48,6 +48,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -67,6 +68,7 @@ import (
 
 	"kurma.dev/kurma/bench/internal/benchutil"
 	"kurma.dev/kurma/internal/agent/policypath"
+	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/netpol"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
@@ -147,6 +149,9 @@ func runChild(ctx context.Context, kubeconfig string) error {
 	if err != nil {
 		return err
 	}
+	// The agent's GC target (kurma-agent's --gc-percent default), so that
+	// a change meets the collections it would meet in the agent.
+	debug.SetGCPercent(gcflag.Default)
 	// Debug: each partial sync logs its compute, total and lag (oldest
 	// event to rules in the kernel), which the parent reads back.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
