@@ -107,7 +107,7 @@ func New(cfg Config) (*Controller, error) {
 	for _, t := range []struct {
 		inf cache.SharedIndexInformer
 		f   func(any) (any, error)
-	}{{pods, compactPod}, {nss, nil}, {pols, nil}} {
+	}{{pods, compactPod}, {nss, compactNamespace}, {pols, compactPolicy}} {
 		f := t.f
 		if err := t.inf.SetTransform(func(o any) (any, error) {
 			c.arrived.CompareAndSwap(0, int64(time.Since(c.epoch))+1)
@@ -201,6 +201,31 @@ func compactPod(o any) (any, error) {
 		}
 	}
 	return c, nil
+}
+
+// compactPolicy keeps only what the engine reads of a policy (its
+// namespace, name and spec): the managed fields and annotations (kubectl's
+// last-applied copy of the whole object among them) of 10,000 policies
+// would otherwise stay in the informer's cache, and every garbage
+// collection would mark them again.
+func compactPolicy(o any) (any, error) {
+	np, ok := o.(*networkingv1.NetworkPolicy)
+	if !ok {
+		return o, nil
+	}
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: np.Namespace, Name: np.Name, UID: np.UID,
+		ResourceVersion: np.ResourceVersion, Generation: np.Generation}, Spec: np.Spec}, nil
+}
+
+// compactNamespace keeps a namespace's name and labels, for the same
+// reason.
+func compactNamespace(o any) (any, error) {
+	n, ok := o.(*corev1.Namespace)
+	if !ok {
+		return o, nil
+	}
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion,
+		Labels: n.Labels}}, nil
 }
 
 // recheckEvery is how often Run asks VerifyAddr again about the
