@@ -114,6 +114,9 @@ type hooks struct {
 	// local ports: kept for left more (left > 0, its timer armed for
 	// that), or removed (left <= 0, after the datapath removed it).
 	lingered func(vni uint32, left time.Duration)
+	// ensureWants is called when ensureVPC is about to wait for the
+	// VPC's ensure lock.
+	ensureWants func(vni uint32)
 }
 
 // Agent reconciles this host's datapath with the controller. Build it with

@@ -160,6 +160,9 @@ func (v *vpcState) lingerLeft(vni uint32, linger time.Duration, now time.Time) t
 // it) does nothing.
 func (a *Agent) ensureVPC(ctx context.Context, vni uint32, extra ...datapath.PortSpec) error {
 	e := a.vpcs.ensureLock(vni)
+	if f := a.cfg.hooks.ensureWants; f != nil {
+		f(vni)
+	}
 	e.Lock()
 	defer e.Unlock()
 	if len(extra) > 0 && a.vpcs.has(vni, gatewaysOf(extra)) {
