@@ -98,17 +98,23 @@ func TestAttachWorkers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The ports' ids, read before the agent runs: its reports
+			// write fc.ports.
+			var ids []string
+			for _, p := range fc.ports {
+				ids = append(ids, p.ID)
+			}
 			runAgent(ctx, t, a)
 			<-a.Synced()
 			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			var wg sync.WaitGroup
 			errs := make(chan error, tc.attach)
-			for _, p := range fc.ports {
+			for _, id := range ids {
 				ns := nettest.NewNS(t, testutil.UniqueName("kagt"))
 				wg.Go(func() {
-					if _, err := a.Attach(actx, p.ID, Attachment{NetNS: ns, IfName: "eth0"}); err != nil {
-						errs <- fmt.Errorf("attach %s: %w", p.ID, err)
+					if _, err := a.Attach(actx, id, Attachment{NetNS: ns, IfName: "eth0"}); err != nil {
+						errs <- fmt.Errorf("attach %s: %w", id, err)
 					}
 				})
 			}
@@ -117,8 +123,8 @@ func TestAttachWorkers(t *testing.T) {
 			// queued behind them wait for those workers: the CNI daemon
 			// gives all their ADDs more time.
 			plugging := func() (n int) {
-				for _, p := range fc.ports {
-					if a.Plugging(p.ID) {
+				for _, id := range ids {
+					if a.Plugging(id) {
 						n++
 					}
 				}
