@@ -16,54 +16,84 @@ import (
 	"kurma.dev/kurma/pkg/controllerapi"
 )
 
-// gatedPlugs is a real datapath whose plugs wait at a gate until the test
-// opens it, counting how many wait at once: a plug that waits for the
-// kernel's RTNL lock in a pod burst, made to wait as long as the test
-// likes.
-type gatedPlugs struct {
-	datapath.Interface
-	open chan struct{} // closed: plugs pass
+// gate holds calls until the test opens it, counting how many are in at
+// once (in) and at most (most); changed is closed and replaced whenever
+// in changes, so that a test waits for a count without polling.
+type gate struct {
+	open chan struct{} // closed: calls pass
 
 	mu      sync.Mutex
-	waiting int
+	in      int
 	most    int
-	changed chan struct{} // closed and replaced whenever waiting changes
+	changed chan struct{}
 }
 
-func (g *gatedPlugs) Plug(ctx context.Context, p datapath.PortSpec) error {
-	g.mu.Lock()
-	g.waiting++
-	g.most = max(g.most, g.waiting)
-	close(g.changed)
-	g.changed = make(chan struct{})
-	g.mu.Unlock()
+func newGate() *gate { return &gate{open: make(chan struct{}), changed: make(chan struct{})} }
+
+// enter counts a call in and waits until the gate is open (or ctx ends).
+func (g *gate) enter(ctx context.Context) {
+	g.add(1)
 	select {
 	case <-g.open:
 	case <-ctx.Done():
 	}
-	g.mu.Lock()
-	g.waiting--
-	g.mu.Unlock()
-	return g.Interface.Plug(ctx, p)
 }
 
-// waitFor waits until n plugs wait at the gate at once.
-func (g *gatedPlugs) waitFor(t *testing.T, n int) {
+// leave counts a call out.
+func (g *gate) leave() { g.add(-1) }
+
+func (g *gate) add(d int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.in += d
+	g.most = max(g.most, g.in)
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// counts returns how many calls are in, and at most were.
+func (g *gate) counts() (in, most int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.in, g.most
+}
+
+// watch returns the number in and a channel closed at its next change.
+func (g *gate) watch() (int, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.in, g.changed
+}
+
+// waitFor waits until n calls are in at once.
+func (g *gate) waitFor(t *testing.T, n int) {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
-		g.mu.Lock()
-		w, ch := g.waiting, g.changed
-		g.mu.Unlock()
-		if w >= n {
+		in, ch := g.watch()
+		if in >= n {
 			return
 		}
 		select {
 		case <-ch:
 		case <-deadline:
-			t.Fatalf("%d plugs waiting at once, want %d", w, n)
+			t.Fatalf("%d calls at the gate at once, want %d", in, n)
 		}
 	}
+}
+
+// gatedPlugs is a real datapath whose plugs wait at a gate until the test
+// opens it (counted while they wait): a plug that waits for the kernel's
+// RTNL lock in a pod burst, made to wait as long as the test likes.
+type gatedPlugs struct {
+	datapath.Interface
+	*gate
+}
+
+func (g *gatedPlugs) Plug(ctx context.Context, p datapath.PortSpec) error {
+	g.enter(ctx)
+	g.leave()
+	return g.Interface.Plug(ctx, p)
 }
 
 // TestAttachWorkers: in Kubernetes mode the ADDs of a burst plug on
@@ -85,7 +115,7 @@ func TestAttachWorkers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
 			dp, _ := newTestDatapath(t)
-			g := &gatedPlugs{Interface: dp, open: make(chan struct{}), changed: make(chan struct{})}
+			g := &gatedPlugs{Interface: dp, gate: newGate()}
 			fc := &fakeController{statuses: map[string][]string{}, live: make(chan controllerapi.Event, 4),
 				hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}}}
 			for i := range tc.attach {
@@ -150,10 +180,8 @@ func TestAttachWorkers(t *testing.T) {
 					t.Fatalf("%d ports plugging after every Attach returned", plugging())
 				}
 			}
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			if g.most != tc.want {
-				t.Fatalf("at most %d plugs waited at once, want %d", g.most, tc.want)
+			if _, most := g.counts(); most != tc.want {
+				t.Fatalf("at most %d plugs waited at once, want %d", most, tc.want)
 			}
 		})
 	}

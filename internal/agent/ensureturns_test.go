@@ -17,38 +17,26 @@ import (
 )
 
 // gatedEnsures is a real datapath whose EnsureVPC calls wait at a gate
-// until the test opens it, counting how many run at once and keeping the
-// gateways of the last one to finish.
+// until the test opens it, counted from their start to their end, and
+// that keeps the gateways of the last one to finish.
 type gatedEnsures struct {
 	datapath.Interface
-	open chan struct{}
+	*gate
 
-	mu      sync.Mutex
-	running int
-	most    int
-	last    []string // gateways of the last EnsureVPC done
-	changed chan struct{}
+	mu   sync.Mutex
+	last []string
 }
 
 func (g *gatedEnsures) EnsureVPC(ctx context.Context, v datapath.VPCSpec) error {
-	g.mu.Lock()
-	g.running++
-	g.most = max(g.most, g.running)
-	close(g.changed)
-	g.changed = make(chan struct{})
-	g.mu.Unlock()
-	select {
-	case <-g.open:
-	case <-ctx.Done():
-	}
+	g.enter(ctx)
+	defer g.leave()
 	err := g.Interface.EnsureVPC(ctx, v)
 	g.mu.Lock()
-	g.running--
+	defer g.mu.Unlock()
 	g.last = nil
 	for _, gw := range v.Gateways {
 		g.last = append(g.last, gw.String())
 	}
-	g.mu.Unlock()
 	return err
 }
 
@@ -60,7 +48,7 @@ func (g *gatedEnsures) EnsureVPC(ctx context.Context, v datapath.VPCSpec) error 
 func TestEnsuresTakeTurns(t *testing.T) {
 	ctx := t.Context()
 	dp, _ := newTestDatapath(t)
-	g := &gatedEnsures{Interface: dp, open: make(chan struct{}), changed: make(chan struct{})}
+	g := &gatedEnsures{Interface: dp, gate: newGate()}
 	fc := &fakeController{statuses: map[string][]string{}, live: make(chan controllerapi.Event, 4),
 		hosts: []controllerapi.Host{{ID: "h1", UnderlayIP: "192.0.2.1"}}}
 	fc.ports = append(fc.ports, controllerapi.Port{ID: "p0", ProjectID: "proj", BindingHostID: "h1", VNI: 9,
@@ -97,19 +85,7 @@ func TestEnsuresTakeTurns(t *testing.T) {
 	}()
 	wantEnsure("the plug")
 	// The plug's EnsureVPC is at the gate.
-	for deadline := time.After(10 * time.Second); ; {
-		g.mu.Lock()
-		n, ch := g.running, g.changed
-		g.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatal("the plug's EnsureVPC did not begin")
-		}
-	}
+	g.waitFor(t, 1)
 	// A sync of the VPC now: the port is local (its namespace is
 	// known), so the sync ensures the VPC too, and must wait.
 	a.q.Add(vpcKey(9))
@@ -119,9 +95,7 @@ func TestEnsuresTakeTurns(t *testing.T) {
 	// between the two blocks): 200 ms is ample for it to show, and no
 	// wait can make the turns fail.
 	for grace := time.After(200 * time.Millisecond); ; {
-		g.mu.Lock()
-		n, ch := g.running, g.changed
-		g.mu.Unlock()
+		n, ch := g.watch()
 		if n != 1 {
 			t.Fatalf("%d EnsureVPC of one VPC at once after the sync asked for its turn, want 1", n)
 		}
@@ -138,9 +112,7 @@ func TestEnsuresTakeTurns(t *testing.T) {
 	}
 	// The sync's turn ends once the VPC is ready again; then compare.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		g.mu.Lock()
-		n := g.running
-		g.mu.Unlock()
+		n, _ := g.counts()
 		a.vpcs.mu.Lock()
 		ready := a.vpcs.ready[9]
 		a.vpcs.mu.Unlock()
@@ -151,8 +123,9 @@ func TestEnsuresTakeTurns(t *testing.T) {
 			t.Fatal("the VPC sync did not end")
 		}
 	}
+	_, most := g.counts()
 	g.mu.Lock()
-	most, last := g.most, slices.Clone(g.last)
+	last := slices.Clone(g.last)
 	g.mu.Unlock()
 	if most != 1 {
 		t.Fatalf("at most %d EnsureVPC of one VPC ran at once, want 1", most)
