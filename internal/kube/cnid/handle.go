@@ -337,9 +337,6 @@ func attachment(rec *record) agent.Attachment {
 	return agent.Attachment{NetNS: rec.NetNS, IfName: rec.IfName, DeviceID: rec.PodUID, DeviceOwner: podnet.PortOwner}
 }
 
-// agentError maps an agent failure to a CNI error: the controller being
-// out of reach is 103, a port that is not the pod's (or is held by a live
-// sandbox) 106, anything else 104.
 // attachDeadline ends an ADD's wait for its plug (cancel) after
 // Config.AttachTimeout, unless the agent is plugging the port then: that
 // wait goes on while the plug is under way, up to Config.PlugGrace more.
@@ -367,6 +364,9 @@ func (d *Daemon) attachDeadline(ctx context.Context, cancel context.CancelCauseF
 	}
 }
 
+// agentError maps an agent failure to a CNI error: the controller being
+// out of reach is 103, a port that is not the pod's (or is held by a live
+// sandbox) 106, anything else 104.
 func (d *Daemon) agentError(what string, err error) *types.Error {
 	synced := false
 	select {

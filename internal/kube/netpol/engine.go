@@ -723,13 +723,7 @@ func (e *Engine) Compute() map[string]*Rules {
 	for _, c := range patched {
 		c.flipIn, c.flipEg = reuse(c.flipIn), reuse(c.flipEg)
 	}
-	e.stats.Recomputed, e.stats.Changed = len(e.dirty), len(out)
-	e.stats.Patched = 0
-	for k := range e.deltas {
-		if !e.dirty[k] {
-			e.stats.Patched++
-		}
-	}
+	e.stats.Recomputed, e.stats.Patched, e.stats.Changed = len(e.dirty), len(patched), len(out)
 	e.last, e.stats = e.stats, Stats{}
 	clear(e.deltas)
 	clear(e.dirty)
