@@ -70,6 +70,7 @@ import (
 	"kurma.dev/kurma/internal/agent/policypath"
 	"kurma.dev/kurma/internal/gcflag"
 	"kurma.dev/kurma/internal/kube/netpol"
+	"kurma.dev/kurma/internal/nice"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
 
@@ -81,6 +82,12 @@ const (
 	apps     = 50 // app label values
 	groups   = 10 // grp label values (peer selectors)
 	readyMsg = "netpol: full sync"
+
+	// agentNice is kurma-agent's --nice in deploy/kubernetes/30-agent.yaml:
+	// the policy controller runs inside the agent, so the policy process
+	// runs at the agent's CPU priority, as it runs at the agent's GC
+	// target. -child-nice 0 measures it as started.
+	agentNice = -10
 )
 
 func main() {
@@ -92,6 +99,8 @@ func main() {
 	inproc := flag.Bool("inprocess", false, "time engine and path alone, no API server (inproc.go)")
 	cpuprof := flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 	flag.StringVar(&keepLogs, "childlogs", "", "copy the policy process's log of each size into this folder")
+	flag.IntVar(&childGC, "child-gc-percent", gcflag.Default, "GC target of the policy process; the default is kurma-agent's --gc-percent default")
+	flag.IntVar(&childNice, "child-nice", agentNice, "CPU priority (nice value) of the policy process; the default is the deployed agent's --nice")
 	flag.Parse()
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
@@ -151,7 +160,12 @@ func runChild(ctx context.Context, kubeconfig string) error {
 	}
 	// The agent's GC target (kurma-agent's --gc-percent default), so that
 	// a change meets the collections it would meet in the agent.
-	debug.SetGCPercent(gcflag.Default)
+	debug.SetGCPercent(childGC)
+	if childNice != 0 {
+		if err := nice.Set(childNice); err != nil {
+			return fmt.Errorf("-child-nice: %w", err)
+		}
+	}
 	// Debug: each partial sync logs its compute, total and lag (oldest
 	// event to rules in the kernel), which the parent reads back.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -187,6 +201,10 @@ func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
 // conv is the agent's convertRules: the engine's rules as the path's,
 // uncopied.
 func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod { return netpol.PathRules(in) }
+
+// childNice and childGC are -child-nice and -child-gc-percent, passed
+// on to the child.
+var childNice, childGC int
 
 // keepLogs is -childlogs.
 var keepLogs string
@@ -407,7 +425,8 @@ func (b *bench) startChild(ctx context.Context, n int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	cmd := exec.Command(self, "-child", "-kubeconfig", b.c.Kubeconfig)
+	cmd := exec.Command(self, "-child", "-kubeconfig", b.c.Kubeconfig, "-child-nice", strconv.Itoa(childNice),
+		"-child-gc-percent", strconv.Itoa(childGC))
 	cmd.Stderr, cmd.Stdout = lf, lf
 	start := time.Now()
 	b.child, err = b.c.StartProcess(fmt.Sprintf("netpol-%d", n), cmd)
