@@ -123,7 +123,10 @@ func (t *attachments) arrived(portID string) (time.Duration, bool) {
 	return time.Since(since), ok
 }
 
-// plugStarted and plugEnded bracket a port's plug (plug in port.go).
+// plugStarted and plugEnded bracket an urgent sync of a port (syncPort)
+// and any plug of it (plug, from an urgent or a plain sync). The plug of
+// an urgent sync is inside the sync's bracket: the brackets nest, so they
+// count.
 func (t *attachments) plugStarted(portID string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
