@@ -34,10 +34,10 @@ func TestApplyCommit(t *testing.T) {
 				if peer == 0 && !extra {
 					continue
 				}
-				d.Allow = append(d.Allow, exact(netip.AddrFrom4([4]byte{10, 2, 0, byte(peer)}).String(), 6, uint16(1000+port)))
+				d.Base = append(d.Base, exact(netip.AddrFrom4([4]byte{10, 2, 0, byte(peer)}).String(), 6, uint16(1000+port)))
 			}
 		}
-		slices.SortFunc(d.Allow, cmpAllow)
+		slices.SortFunc(d.Base, cmpAllow)
 		return d
 	}
 	plain, more := dir(false), dir(true)

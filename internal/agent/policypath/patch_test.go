@@ -46,11 +46,11 @@ func TestPatchEqualsFull(t *testing.T) {
 			if a.PortHi < a.PortLo {
 				a.PortHi = a.PortLo
 			}
-			d.Allow = append(d.Allow, a)
+			d.Base = append(d.Base, a)
 		}
 		if r.IntN(6) > 0 { // sorted and unique, as the engine gives them
-			slices.SortFunc(d.Allow, cmpAllow)
-			d.Allow = slices.CompactFunc(d.Allow, func(a, b Allow) bool { return a == b })
+			slices.SortFunc(d.Base, cmpAllow)
+			d.Base = slices.CompactFunc(d.Base, func(a, b Allow) bool { return a == b })
 		}
 		return d
 	}
@@ -119,13 +119,13 @@ func TestReadSetEqualsLibrary(t *testing.T) {
 		pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}, Egress: Dir{Isolated: true}}
 		for k := range 500 {
 			peer := netip.AddrFrom4([4]byte{10, 2, byte(k / 200), byte(k)})
-			pod.Ingress.Allow = append(pod.Ingress.Allow, exact(peer.String(), 6, uint16(1000+k%20)),
+			pod.Ingress.Base = append(pod.Ingress.Base, exact(peer.String(), 6, uint16(1000+k%20)),
 				Allow{PeerLo: A4(peer), PeerHi: A4(peer)})
 		}
 		for k := range 30 {
 			lo := netip.AddrFrom4([4]byte{172, 16, byte(k), 0})
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 127})
-			pod.Egress.Allow = append(pod.Egress.Allow, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 17, PortLo: 53, PortHi: 60},
+			pod.Egress.Base = append(pod.Egress.Base, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 17, PortLo: 53, PortHi: 60},
 				Allow{PeerLo: A4(lo), PeerHi: A4(hi)})
 		}
 		pods[fmt.Sprint(i)] = pod
@@ -177,16 +177,16 @@ func BenchmarkPatchOwner(b *testing.B) {
 		for peer := range 100 {
 			for port := range 20 {
 				a := Addr4(10<<24 | 64<<16 | peer*10)
-				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
+				d.Base = append(d.Base, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
 			}
 		}
 		if extra {
 			for port := range 20 {
 				a := Addr4(10<<24 | 64<<16 | 5)
-				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
+				d.Base = append(d.Base, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
 			}
 		}
-		slices.SortFunc(d.Allow, cmpAllow)
+		slices.SortFunc(d.Base, cmpAllow)
 		return d
 	}
 	plain, more := mk(false), mk(true)
@@ -225,13 +225,13 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 		for peer := range peers {
 			for port := range ports {
 				a := Addr4(10<<24 | 64<<16 | peer)
-				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port), PortHi: uint16(1000 + port)})
+				d.Base = append(d.Base, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port), PortHi: uint16(1000 + port)})
 			}
 		}
 		if sorted {
-			slices.SortFunc(d.Allow, cmpAllow)
+			slices.SortFunc(d.Base, cmpAllow)
 		} else {
-			slices.Reverse(d.Allow)
+			slices.Reverse(d.Base)
 		}
 		return d
 	}

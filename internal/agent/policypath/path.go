@@ -19,6 +19,7 @@ import (
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
 	"kurma.dev/kurma/internal/agent/nfthost"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -361,7 +362,7 @@ func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 		if !curs[d].Isolated {
 			continue
 		}
-		t, ok := w.diff(olds[d].Allow, curs[d].Allow)
+		t, ok := w.diff(olds[d], curs[d])
 		if !ok {
 			return false
 		}
@@ -406,12 +407,8 @@ type walked struct {
 	ok bool
 }
 
-// listPair identifies an old and a new list (their first elements'
-// addresses and lengths).
-type listPair struct {
-	o, c   *Allow
-	no, nc int
-}
+// listPair identifies an old and a new list.
+type listPair struct{ o, c policyrule.ListID }
 
 // touched is one allow in which two lists differ: added (in the new list
 // only) or taken out.
@@ -420,45 +417,92 @@ type touched struct {
 	add bool
 }
 
-// diff returns the allows in which lists o and c differ, in order, or
-// false when one is not strictly sorted; from w when it walked the same
-// pair already (w nil: no memo).
-func (w *walks) diff(o, c []Allow) ([]touched, bool) {
-	var key listPair
-	if w != nil && len(o) > 0 && len(c) > 0 {
-		key = listPair{&o[0], &c[0], len(o), len(c)}
+// diff returns the allows in which the lists of o and c differ, in
+// order, or false when one is not strictly sorted; from w when it
+// walked the same pair already (w nil: no memo). When o and c share
+// their Base (the engine's patch of a few allows: see policyrule.Dir),
+// only their overlays are walked, O(overlay), and the Base is only
+// checked to be sorted (no allocation); otherwise both lists are walked.
+func (w *walks) diff(o, c Dir) ([]touched, bool) {
+	key := listPair{o.ID(), c.ID()}
+	if w != nil {
 		if r, ok := (*w)[key]; ok {
 			return r.t, r.ok
 		}
 	}
-	if !strictlySorted(o) || !strictlySorted(c) {
-		if key.o != nil {
-			w.put(key, walked{})
-		}
-		return nil, false
+	var r walked
+	if o.SameBase(c) {
+		r = overlayDiff(o, c)
+	} else {
+		r = listDiff(o, c)
+	}
+	if w != nil {
+		w.put(key, r)
+	}
+	return r.t, r.ok
+}
+
+// listDiff walks the lists of o and c together.
+func listDiff(o, c Dir) walked {
+	if !validDir(o) || !validDir(c) {
+		return walked{}
 	}
 	var out []touched
-	i, j := 0, 0
-	for i < len(o) || j < len(c) {
+	oc, cc := o.Cursor(), c.Cursor()
+	x, okx := oc.Next()
+	y, oky := cc.Next()
+	for okx || oky {
 		switch {
-		case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
-			i++
-			j++
-		case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
-			out = append(out, touched{o[i], false})
-			i++
-		case i == len(o) || cmpAllow(o[i], c[j]) > 0:
-			out = append(out, touched{c[j], true})
-			j++
+		case okx && oky && x == y: // most are kept
+			x, okx = oc.Next()
+			y, oky = cc.Next()
+		case !oky || (okx && cmpAllow(x, y) < 0):
+			out = append(out, touched{x, false})
+			x, okx = oc.Next()
 		default:
-			i++
-			j++
+			out = append(out, touched{y, true})
+			y, oky = cc.Next()
 		}
 	}
-	if key.o != nil {
-		w.put(key, walked{out, true})
+	return walked{out, true}
+}
+
+// overlayDiff is the diff of o and c, which share their Base: an allow
+// can differ only where an overlay names it. An allow of an Add list is
+// not in the Base, one of a Del list is; so which lists name an allow
+// tells whether each of o and c holds it.
+func overlayDiff(o, c Dir) walked {
+	if !validDir(o) || !validDir(c) {
+		return walked{}
 	}
-	return out, true
+	lists := [4][]Allow{o.Add, o.Del, c.Add, c.Del}
+	var out []touched
+	for {
+		// The least allow named by any overlay, and which name it.
+		var least Allow
+		found := false
+		for _, l := range lists {
+			if len(l) > 0 && (!found || cmpAllow(l[0], least) < 0) {
+				least, found = l[0], true
+			}
+		}
+		if !found {
+			return walked{out, true}
+		}
+		var in [4]bool
+		for i, l := range lists {
+			if len(l) > 0 && l[0] == least {
+				in[i] = true
+				lists[i] = l[1:]
+			}
+		}
+		inBase := in[1] || in[3]
+		had := in[0] || (inBase && !in[1])
+		has := in[2] || (inBase && !in[3])
+		if had != has {
+			out = append(out, touched{least, has})
+		}
+	}
 }
 
 func (w *walks) put(k listPair, r walked) {
@@ -565,8 +609,7 @@ func (p *Path) syncDiff(ctx context.Context, all map[string]*Pod) (bool, error) 
 // samePod reports whether a and b want the same elements, without
 // computing them.
 func samePod(a, b *Pod) bool {
-	eq := func(x, y Dir) bool { return x.Isolated == y.Isolated && slices.Equal(x.Allow, y.Allow) }
-	return a.IP == b.IP && eq(a.Ingress, b.Ingress) && eq(a.Egress, b.Egress)
+	return a.IP == b.IP && a.Ingress.Equal(b.Ingress) && a.Egress.Equal(b.Egress)
 }
 
 // syncFull flushes every policy set and adds every wanted element in one
@@ -577,7 +620,7 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 	n := 0
 	for _, pod := range all {
 		if pod != nil {
-			n += 2 + len(pod.Ingress.Allow) + len(pod.Egress.Allow)
+			n += 2 + pod.Ingress.Len() + pod.Egress.Len()
 		}
 	}
 	p.pods = make(map[string]Pod, len(all))
@@ -650,7 +693,7 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 // distinct hashed elements, and the interval elements are disjoint by
 // construction).
 func distinct(pod *Pod) bool {
-	return strictlySorted(pod.Ingress.Allow) && strictlySorted(pod.Egress.Allow)
+	return validDir(pod.Ingress) && validDir(pod.Egress)
 }
 
 type op struct {

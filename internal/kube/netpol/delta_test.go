@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kurma.dev/kurma/internal/policyrule"
 )
 
 // relabel moves remote pod bench/p<i> of benchPods to peer group g and
@@ -69,11 +71,11 @@ func TestPeerChangeWork(t *testing.T) {
 	if len(ch) != 20 {
 		t.Fatalf("%d pods changed, want 20", len(ch))
 	}
-	lists := map[*Allow]bool{}
+	lists := map[policyrule.ListID]bool{}
 	total := 0
 	for _, r := range ch {
-		lists[&r.Ingress.Allow[0]] = true
-		total += len(r.Ingress.Allow)
+		lists[r.Ingress.ID()] = true
+		total += r.Ingress.Len()
 	}
 	if len(lists) != 10 {
 		t.Errorf("%d distinct new lists for 20 pods of 10 classes, want 10", len(lists))
