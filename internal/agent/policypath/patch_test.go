@@ -254,8 +254,8 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 			for i, d := range tc.next {
 				p.setOwnerWith(fmt.Sprint(i), &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: d}, &w)
 			}
-			if len(w) != tc.walks {
-				t.Errorf("%d pairs of lists walked, want %d", len(w), tc.walks)
+			if len(w.m) != tc.walks {
+				t.Errorf("%d pairs of lists walked, want %d", len(w.m), tc.walks)
 			}
 			want := map[elem]int32{}
 			for _, q := range p.pods {

@@ -61,6 +61,10 @@ type Path struct {
 	trusted bool
 	ident   string
 	written int // element operations of the last Sync or Apply (tests)
+	// compared: allows the last Apply's list diffs compared (tests: a
+	// change of overlays on a shared Base compares its overlays only).
+	compared int
+	opsBuf   []op // commit's, kept between changes (bounded by keptOps)
 	// committed: how long the last Apply's transaction took (netlink
 	// send and the kernel's answer), for benchmarks.
 	committed time.Duration
@@ -274,6 +278,7 @@ func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 	for k, pod := range changes {
 		p.setOwnerWith(k, pod, &w)
 	}
+	p.compared = w.n
 	return p.commit(ctx)
 }
 
@@ -398,7 +403,10 @@ func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 // the engine hands the same list to the local pods alike in its
 // computation (replicas of one workload), so a peer's change walks each
 // distinct pair of lists once, however many pods share it.
-type walks map[listPair]walked
+type walks struct {
+	m map[listPair]walked
+	n int // allows compared
+}
 
 // walked is the diff of a pair of lists, ok false when one is not
 // strictly sorted (then there is none).
@@ -426,17 +434,19 @@ type touched struct {
 func (w *walks) diff(o, c Dir) ([]touched, bool) {
 	key := listPair{o.ID(), c.ID()}
 	if w != nil {
-		if r, ok := (*w)[key]; ok {
+		if r, ok := w.m[key]; ok {
 			return r.t, r.ok
 		}
 	}
 	var r walked
+	n := 0
 	if o.SameBase(c) {
-		r = overlayDiff(o, c)
+		r, n = overlayDiff(o, c), o.Overlay()+c.Overlay()
 	} else {
-		r = listDiff(o, c)
+		r, n = listDiff(o, c), o.Len()+c.Len()
 	}
 	if w != nil {
+		w.n += n
 		w.put(key, r)
 	}
 	return r.t, r.ok
@@ -475,8 +485,20 @@ func overlayDiff(o, c Dir) walked {
 	if !validDir(o) || !validDir(c) {
 		return walked{}
 	}
+	n := 0
+	mergeOverlays(o, c, func(Allow, bool) { n++ })
+	if n == 0 {
+		return walked{ok: true}
+	}
+	out := make([]touched, 0, n)
+	mergeOverlays(o, c, func(a Allow, add bool) { out = append(out, touched{a, add}) })
+	return walked{out, true}
+}
+
+// mergeOverlays calls f, in order, for each allow in which the lists of
+// o and c (of one Base) differ, with whether c holds it.
+func mergeOverlays(o, c Dir, f func(a Allow, add bool)) {
 	lists := [4][]Allow{o.Add, o.Del, c.Add, c.Del}
-	var out []touched
 	for {
 		// The least allow named by any overlay, and which name it.
 		var least Allow
@@ -487,7 +509,7 @@ func overlayDiff(o, c Dir) walked {
 			}
 		}
 		if !found {
-			return walked{out, true}
+			return
 		}
 		var in [4]bool
 		for i, l := range lists {
@@ -500,16 +522,16 @@ func overlayDiff(o, c Dir) walked {
 		had := in[0] || (inBase && !in[1])
 		has := in[2] || (inBase && !in[3])
 		if had != has {
-			out = append(out, touched{least, has})
+			f(least, has)
 		}
 	}
 }
 
 func (w *walks) put(k listPair, r walked) {
-	if *w == nil {
-		*w = walks{}
+	if w.m == nil {
+		w.m = map[listPair]walked{}
 	}
-	(*w)[k] = r
+	w.m[k] = r
 }
 
 // Sync makes the kernel hold exactly the elements of all, whatever it
@@ -711,7 +733,15 @@ func (p *Path) commit(ctx context.Context) error {
 	if p.kernel < 0 {
 		return errors.New("policypath: the last full sync failed; the next one repairs")
 	}
-	ops := make([]op, 0, len(p.pending))
+	ops := p.opsBuf[:0]
+	if cap(ops) < len(p.pending) {
+		ops = make([]op, 0, len(p.pending))
+	}
+	if cap(ops) <= keptOps {
+		p.opsBuf = ops[:0]
+	} else {
+		p.opsBuf = nil
+	}
 	for e, have := range p.pending {
 		if want := p.refs[e] > 0; want != have {
 			ops = append(ops, op{e, have})
@@ -782,6 +812,10 @@ func (p *Path) commitOps(ops []op) error {
 	}
 	return nil
 }
+
+// keptOps is the most operations whose buffer commit keeps for the
+// next change (a change's; a big sync's is dropped).
+const keptOps = 1 << 14
 
 // keptTx is the largest transaction sent on the kept connection (and
 // whose buffer is kept): a change's; a larger one (a big diff sync) goes
