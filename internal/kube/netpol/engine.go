@@ -952,7 +952,7 @@ func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 		return old
 	}
 	// The flips that changed membership.
-	var add, del []Allow
+	add, del := make([]Allow, 0, len(flip)), make([]Allow, 0, len(flip))
 	for a := range flip {
 		was, now := old.Has(a), set[a] > 0
 		switch {
