@@ -132,3 +132,63 @@ func TestPeerChangeWork(t *testing.T) {
 		t.Fatalf("%d local pods with rules, scratch %d", len(e.All()), len(f.All()))
 	}
 }
+
+// TestOverlayCompaction: peers moved for good, one after another (each
+// change lands on the overlays of the lists naming the peer's old and
+// new groups), keep every list's overlay within its bound: the lists are
+// compacted into new Bases as they grow, and the engine still equals one
+// computed from scratch.
+func TestOverlayCompaction(t *testing.T) {
+	build := func() *Engine {
+		e := benchPods()
+		for j := range 1000 {
+			_ = e.SetPolicy(benchPolicy(j))
+		}
+		e.Compute()
+		return e
+	}
+	e := build()
+	compacted, overlaid := 0, 0
+	for k := range 150 {
+		i := 101 + k
+		before := e.All()
+		ch := relabel(e, i, fmt.Sprintf("g-%d", (i+1+k%3)%10))
+		if st := e.LastStats(); st.Recomputed != 0 || st.Changed == 0 {
+			t.Fatalf("move %d: %+v, want patched pods only", k, st)
+		}
+		for key, r := range ch {
+			for _, d := range []struct{ old, cur Dir }{{before[key].Ingress, r.Ingress}, {before[key].Egress, r.Egress}} {
+				if d.cur.Overlay() > 16+len(d.cur.Base)/8 {
+					t.Fatalf("move %d, %s: overlay of %d on a Base of %d", k, key, d.cur.Overlay(), len(d.cur.Base))
+				}
+				switch {
+				case d.cur.ID() == d.old.ID():
+				case d.cur.SameBase(d.old):
+					overlaid++
+				default:
+					compacted++
+				}
+			}
+		}
+	}
+	if compacted == 0 || overlaid == 0 {
+		t.Errorf("%d lists compacted, %d overlaid: the test wants both", compacted, overlaid)
+	}
+	t.Logf("%d changed lists overlaid on their old Base, %d compacted", overlaid, compacted)
+	f := build()
+	for k := range 150 {
+		i := 101 + k
+		p := *f.pods[fmt.Sprintf("bench/p%d", i)]
+		p.Labels = map[string]string{"app": p.Labels["app"], "grp": fmt.Sprintf("g-%d", (i+1+k%3)%10)}
+		f.SetPod(&p)
+	}
+	f.Compute()
+	for k, r := range f.All() {
+		if !r.Equal(e.Rules(k)) {
+			t.Fatalf("%s: incremental rules differ from scratch", k)
+		}
+	}
+	if len(e.All()) != len(f.All()) {
+		t.Fatalf("%d local pods with rules, scratch %d", len(e.All()), len(f.All()))
+	}
+}

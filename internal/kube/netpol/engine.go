@@ -951,17 +951,22 @@ func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 	if len(flip) == 0 {
 		return old
 	}
-	// The flips that changed membership.
-	add, del := make([]Allow, 0, len(flip)), make([]Allow, 0, len(flip))
+	// The flips that changed membership, in one buffer: additions from
+	// its start, deletions from its end.
+	buf := make([]Allow, len(flip))
+	i, j := 0, len(buf)
 	for a := range flip {
 		was, now := old.Has(a), set[a] > 0
 		switch {
 		case now && !was:
-			add = append(add, a)
+			buf[i] = a
+			i++
 		case was && !now:
-			del = append(del, a)
+			j--
+			buf[j] = a
 		}
 	}
+	add, del := buf[:i], buf[j:]
 	if len(add) == 0 && len(del) == 0 {
 		return old
 	}
