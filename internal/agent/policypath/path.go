@@ -46,7 +46,11 @@ type Path struct {
 
 	mu   sync.Mutex     // guards everything below
 	pods map[string]Pod // the wanted state, by owner key
-	refs map[elem]int32 // owners wanting each element
+	// checked holds the owners whose lists in pods are known to pass
+	// validDir, so that a change that puts an overlay on such a list's
+	// Base checks only the overlay, not the Base again.
+	checked map[string]bool
+	refs    map[elem]int32 // owners wanting each element
 	// pending holds the elements touched since the last commit, each
 	// with whether the kernel held it then. The kernel holds exactly the
 	// elements of refs plus the pending ones marked true minus those
@@ -92,7 +96,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{},
+	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{}, checked: map[string]bool{},
 		refs: map[elem]int32{}, pending: map[elem]bool{}}
 	nsPath := cfg.HostNS
 	if nsPath == "" {
@@ -286,10 +290,12 @@ func (p *Path) setOwner(k string, pod *Pod) { p.setOwnerWith(k, pod, nil) }
 
 func (p *Path) setOwnerWith(k string, pod *Pod, w *walks) {
 	old, had := p.pods[k]
-	if pod != nil && had && p.patchOwner(&old, pod, w) {
+	if pod != nil && had && p.patchOwner(&old, pod, p.checked[k], w) {
 		p.pods[k] = *pod
+		p.setChecked(k, true)
 		return
 	}
+	p.setChecked(k, false)
 	var olds []elem
 	if had {
 		olds = elementsOf(&old)
@@ -329,6 +335,18 @@ func (p *Path) diff(olds, els []elem) {
 	}
 }
 
+// setChecked records whether owner k's lists are known to pass validDir.
+func (p *Path) setChecked(k string, ok bool) {
+	if !ok {
+		delete(p.checked, k)
+		return
+	}
+	if p.checked == nil {
+		p.checked = map[string]bool{}
+	}
+	p.checked[k] = true
+}
+
 func (p *Path) ref(e elem) {
 	n := p.refs[e]
 	if _, ok := p.pending[e]; !ok {
@@ -357,7 +375,10 @@ func (p *Path) unref(e elem) {
 // and allocation. It reports false, having done nothing,
 // when the address or isolation changed or a list is not sorted (the
 // caller then diffs every element).
-func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
+//
+// oldChecked says that old's isolated lists are known to pass validDir
+// (then a new list on the same Base has only its overlay checked).
+func (p *Path) patchOwner(old, cur *Pod, oldChecked bool, w *walks) bool {
 	if old.IP != cur.IP || !cur.IP.Is4() || old.Ingress.Isolated != cur.Ingress.Isolated || old.Egress.Isolated != cur.Egress.Isolated {
 		return false
 	}
@@ -367,7 +388,7 @@ func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 		if !curs[d].Isolated {
 			continue
 		}
-		t, ok := w.diff(olds[d], curs[d])
+		t, ok := w.diff(olds[d], curs[d], oldChecked)
 		if !ok {
 			return false
 		}
@@ -426,12 +447,16 @@ type touched struct {
 }
 
 // diff returns the allows in which the lists of o and c differ, in
-// order, or false when one is not strictly sorted; from w when it
-// walked the same pair already (w nil: no memo). When o and c share
-// their Base (the engine's patch of a few allows: see policyrule.Dir),
-// only their overlays are walked, O(overlay), and the Base is only
-// checked to be sorted (no allocation); otherwise both lists are walked.
-func (w *walks) diff(o, c Dir) ([]touched, bool) {
+// order, or false when one is not strictly sorted (validDir); from w
+// when it walked the same pair already (w nil: no memo). When o and c
+// share their Base (the engine's patch of a few allows: see
+// policyrule.Dir), only their overlays are walked, O(overlay); and when
+// o is known to be valid (oChecked), only c's overlay is checked, so
+// the Base is not read at all but for a lookup of each overlay allow.
+// Otherwise both lists are checked and walked. (A memo's answer holds
+// whatever oChecked was: validity is a property of the lists, which
+// never change.)
+func (w *walks) diff(o, c Dir, oChecked bool) ([]touched, bool) {
 	key := listPair{o.ID(), c.ID()}
 	if w != nil {
 		if r, ok := w.m[key]; ok {
@@ -440,9 +465,13 @@ func (w *walks) diff(o, c Dir) ([]touched, bool) {
 	}
 	var r walked
 	n := 0
-	if o.SameBase(c) {
-		r, n = overlayDiff(o, c), o.Overlay()+c.Overlay()
-	} else {
+	switch {
+	case !oChecked && !validDir(o):
+	case o.SameBase(c):
+		if validOverlay(c) {
+			r, n = overlayDiff(o, c), o.Overlay()+c.Overlay()
+		}
+	case validDir(c):
 		r, n = listDiff(o, c), o.Len()+c.Len()
 	}
 	if w != nil {
@@ -452,11 +481,8 @@ func (w *walks) diff(o, c Dir) ([]touched, bool) {
 	return r.t, r.ok
 }
 
-// listDiff walks the lists of o and c together.
+// listDiff walks the lists of o and c together (both valid).
 func listDiff(o, c Dir) walked {
-	if !validDir(o) || !validDir(c) {
-		return walked{}
-	}
 	var out []touched
 	oc, cc := o.Cursor(), c.Cursor()
 	x, okx := oc.Next()
@@ -480,11 +506,8 @@ func listDiff(o, c Dir) walked {
 // overlayDiff is the diff of o and c, which share their Base: an allow
 // can differ only where an overlay names it. An allow of an Add list is
 // not in the Base, one of a Del list is; so which lists name an allow
-// tells whether each of o and c holds it.
+// tells whether each of o and c holds it. o and c are valid.
 func overlayDiff(o, c Dir) walked {
-	if !validDir(o) || !validDir(c) {
-		return walked{}
-	}
 	n := 0
 	mergeOverlays(o, c, func(Allow, bool) { n++ })
 	if n == 0 {
@@ -646,6 +669,7 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 		}
 	}
 	p.pods = make(map[string]Pod, len(all))
+	p.checked = make(map[string]bool, len(all))
 	p.refs = make(map[elem]int32, n)
 	p.pending = map[elem]bool{}
 	p.kernel = -1 // unknown until the transaction succeeds
@@ -656,7 +680,9 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 		}
 		p.pods[k] = *pod
 		els := elementsOf(pod)
-		if !distinct(pod) { // an owner refers to an element once
+		if distinct(pod) {
+			p.checked[k] = true
+		} else { // an owner refers to an element once
 			if seen == nil {
 				seen = map[elem]bool{}
 			}
