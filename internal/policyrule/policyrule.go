@@ -60,14 +60,6 @@ func (a Allow) String() string {
 	return fmt.Sprintf("%s %d/%s", peer, a.Proto, port)
 }
 
-// Dir is one direction of a pod's rules: when Isolated, only what Allow
-// lists passes. Allow is sorted by peer range, protocol and port range,
-// without duplicates, and empty unless Isolated.
-type Dir struct {
-	Isolated bool
-	Allow    []Allow
-}
-
 // Pod is one local pod's rules: what the engine computes and the path
 // programs.
 type Pod struct {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"math"
+	"slices"
 )
 
 // The sets, by index into setDefs.
@@ -87,14 +88,14 @@ func elementsOf(p *Pod) []elem {
 		return nil
 	}
 	pod := u32(p.IP)
-	out := make([]elem, 0, 2+len(p.Ingress.Allow)+len(p.Egress.Allow))
+	out := make([]elem, 0, 2+p.Ingress.Len()+p.Egress.Len())
 	for d, dir := range []Dir{p.Ingress, p.Egress} {
 		if !dir.Isolated {
 			continue
 		}
 		var b [4]byte
 		out = append(out, mkElem([]int{setInIso, setEgIso}[d], putAddr(b[:0], pod)))
-		for _, a := range dir.Allow {
+		for a := range dir.All() {
 			if e, ranged, ok := exactElem(pod, d, a); ok && !ranged {
 				out = append(out, e)
 			}
@@ -153,7 +154,7 @@ func rangedElems(p *Pod) []elem {
 		base := dirBase(d)
 		var cidrs []span
 		boxes := map[uint8][]box{}
-		for _, a := range dir.Allow {
+		for a := range dir.All() {
 			if _, ranged, ok := exactElem(pod, d, a); !ok || !ranged {
 				continue
 			}
@@ -211,6 +212,32 @@ func strictlySorted(as []Allow) bool {
 			return false
 		}
 		ph, pl = h, l
+	}
+	return true
+}
+
+// validDir reports whether d's list is strictly sorted with valid
+// allows (strictlySorted), checking policyrule.Dir's invariants, which
+// its With keeps: each slice strictly sorted, Add outside Base and Del
+// within it. O(Base) without allocating, plus a lookup per overlay
+// allow.
+func validDir(d Dir) bool { return strictlySorted(d.Base) && validOverlay(d) }
+
+// validOverlay is validDir's check of d's overlay alone, for a Base
+// known to pass strictlySorted: O(overlay × log Base).
+func validOverlay(d Dir) bool {
+	if !strictlySorted(d.Add) || !strictlySorted(d.Del) {
+		return false
+	}
+	for _, a := range d.Add {
+		if _, ok := slices.BinarySearchFunc(d.Base, a, cmpAllow); ok {
+			return false
+		}
+	}
+	for _, a := range d.Del {
+		if _, ok := slices.BinarySearchFunc(d.Base, a, cmpAllow); !ok {
+			return false
+		}
 	}
 	return true
 }

@@ -46,11 +46,11 @@ func TestPatchEqualsFull(t *testing.T) {
 			if a.PortHi < a.PortLo {
 				a.PortHi = a.PortLo
 			}
-			d.Allow = append(d.Allow, a)
+			d.Base = append(d.Base, a)
 		}
 		if r.IntN(6) > 0 { // sorted and unique, as the engine gives them
-			slices.SortFunc(d.Allow, cmpAllow)
-			d.Allow = slices.CompactFunc(d.Allow, func(a, b Allow) bool { return a == b })
+			slices.SortFunc(d.Base, cmpAllow)
+			d.Base = slices.CompactFunc(d.Base, func(a, b Allow) bool { return a == b })
 		}
 		return d
 	}
@@ -119,13 +119,13 @@ func TestReadSetEqualsLibrary(t *testing.T) {
 		pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}, Egress: Dir{Isolated: true}}
 		for k := range 500 {
 			peer := netip.AddrFrom4([4]byte{10, 2, byte(k / 200), byte(k)})
-			pod.Ingress.Allow = append(pod.Ingress.Allow, exact(peer.String(), 6, uint16(1000+k%20)),
+			pod.Ingress.Base = append(pod.Ingress.Base, exact(peer.String(), 6, uint16(1000+k%20)),
 				Allow{PeerLo: A4(peer), PeerHi: A4(peer)})
 		}
 		for k := range 30 {
 			lo := netip.AddrFrom4([4]byte{172, 16, byte(k), 0})
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 127})
-			pod.Egress.Allow = append(pod.Egress.Allow, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 17, PortLo: 53, PortHi: 60},
+			pod.Egress.Base = append(pod.Egress.Base, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 17, PortLo: 53, PortHi: 60},
 				Allow{PeerLo: A4(lo), PeerHi: A4(hi)})
 		}
 		pods[fmt.Sprint(i)] = pod
@@ -169,27 +169,26 @@ func TestReadSetEqualsLibrary(t *testing.T) {
 
 // BenchmarkPatchOwner: the shape of bench/k8s/netpol's label change in
 // the path, without the kernel: 20 pods of 2,000 exact allows each, one
-// peer's 20 allows added to each and taken out again.
+// peer's 20 allows added to each and taken out again; the new list a
+// copy with the allows in it ("copied", as the engine made them before
+// policyrule.Dir's overlays), or the old list with an overlay
+// ("overlay").
 func BenchmarkPatchOwner(b *testing.B) {
-	p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
-	mk := func(extra bool) Dir {
-		d := Dir{Isolated: true}
-		for peer := range 100 {
-			for port := range 20 {
-				a := Addr4(10<<24 | 64<<16 | peer*10)
-				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
-			}
+	plain := Dir{Isolated: true}
+	for peer := range 100 {
+		for port := range 20 {
+			a := Addr4(10<<24 | 64<<16 | peer*10)
+			plain.Base = append(plain.Base, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
 		}
-		if extra {
-			for port := range 20 {
-				a := Addr4(10<<24 | 64<<16 | 5)
-				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
-			}
-		}
-		slices.SortFunc(d.Allow, cmpAllow)
-		return d
 	}
-	plain, more := mk(false), mk(true)
+	slices.SortFunc(plain.Base, cmpAllow)
+	var extra []Allow
+	for port := range 20 {
+		a := Addr4(10<<24 | 64<<16 | 5)
+		extra = append(extra, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
+	}
+	copied := Dir{Isolated: true, Base: append(slices.Clone(plain.Base), extra...)}
+	slices.SortFunc(copied.Base, cmpAllow)
 	pods := func(d Dir) map[string]*Pod {
 		m := map[string]*Pod{}
 		for i := range 20 {
@@ -197,20 +196,32 @@ func BenchmarkPatchOwner(b *testing.B) {
 		}
 		return m
 	}
-	a, c := pods(plain), pods(more)
-	for k, pod := range a {
-		p.setOwner(k, pod)
-	}
-	clear(p.pending)
-	for i := 0; b.Loop(); i++ {
-		next := c
-		if i%2 == 1 {
-			next = a
-		}
-		for k, pod := range next {
-			p.setOwner(k, pod)
-		}
-		clear(p.pending)
+	for _, bc := range []struct {
+		name string
+		more Dir
+	}{
+		{"copied", copied},
+		{"overlay", plain.With(extra, nil)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
+			a, c := pods(plain), pods(bc.more)
+			for k, pod := range a {
+				p.setOwner(k, pod)
+			}
+			clear(p.pending)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				next := c
+				if i%2 == 1 {
+					next = a
+				}
+				for k, pod := range next {
+					p.setOwner(k, pod)
+				}
+				clear(p.pending)
+			}
+		})
 	}
 }
 
@@ -225,17 +236,23 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 		for peer := range peers {
 			for port := range ports {
 				a := Addr4(10<<24 | 64<<16 | peer)
-				d.Allow = append(d.Allow, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port), PortHi: uint16(1000 + port)})
+				d.Base = append(d.Base, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port), PortHi: uint16(1000 + port)})
 			}
 		}
 		if sorted {
-			slices.SortFunc(d.Allow, cmpAllow)
+			slices.SortFunc(d.Base, cmpAllow)
 		} else {
-			slices.Reverse(d.Allow)
+			slices.Reverse(d.Base)
 		}
 		return d
 	}
 	old, cur, other := mk(10, 5, true), mk(11, 5, true), mk(9, 5, true)
+	// The engine's way: cur's extra allows as an overlay on old's Base;
+	// and an overlay out of order on it (checked, then diffed in full).
+	extra := slices.DeleteFunc(slices.Clone(cur.Base), old.Has)
+	ov := old.With(extra, nil)
+	bad := Dir{Isolated: true, Base: old.Base, Add: slices.Clone(extra)}
+	slices.Reverse(bad.Add)
 	for _, tc := range []struct {
 		name  string
 		next  []Dir // per pod, after old
@@ -244,6 +261,8 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 		{"all alike", []Dir{cur, cur, cur, cur}, 1},
 		{"two new lists", []Dir{cur, other, cur, other}, 2},
 		{"unsorted", []Dir{cur, mk(11, 5, false), cur, cur}, 2},
+		{"overlays", []Dir{ov, ov, ov, ov}, 1},
+		{"overlay out of order", []Dir{ov, bad, ov, ov}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
@@ -254,8 +273,15 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 			for i, d := range tc.next {
 				p.setOwnerWith(fmt.Sprint(i), &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: d}, &w)
 			}
-			if len(w) != tc.walks {
-				t.Errorf("%d pairs of lists walked, want %d", len(w), tc.walks)
+			if len(w.m) != tc.walks {
+				t.Errorf("%d pairs of lists walked, want %d", len(w.m), tc.walks)
+			}
+			// A pod's lists are marked checked exactly when they are
+			// valid (a later overlay on them then skips the Base).
+			for i, d := range tc.next {
+				if got := p.checked[fmt.Sprint(i)]; got != validDir(d) {
+					t.Errorf("pod %d: checked %v, its list valid %v", i, got, validDir(d))
+				}
 			}
 			want := map[elem]int32{}
 			for _, q := range p.pods {

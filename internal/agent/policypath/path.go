@@ -19,6 +19,7 @@ import (
 
 	"kurma.dev/kurma/internal/agent/nftbatch"
 	"kurma.dev/kurma/internal/agent/nfthost"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/pkg/kerrors"
 )
 
@@ -45,7 +46,11 @@ type Path struct {
 
 	mu   sync.Mutex     // guards everything below
 	pods map[string]Pod // the wanted state, by owner key
-	refs map[elem]int32 // owners wanting each element
+	// checked holds the owners whose lists in pods are known to pass
+	// validDir, so that a change that puts an overlay on such a list's
+	// Base checks only the overlay, not the Base again.
+	checked map[string]bool
+	refs    map[elem]int32 // owners wanting each element
 	// pending holds the elements touched since the last commit, each
 	// with whether the kernel held it then. The kernel holds exactly the
 	// elements of refs plus the pending ones marked true minus those
@@ -60,6 +65,10 @@ type Path struct {
 	trusted bool
 	ident   string
 	written int // element operations of the last Sync or Apply (tests)
+	// compared: allows the last Apply's list diffs compared (tests: a
+	// change of overlays on a shared Base compares its overlays only).
+	compared int
+	opsBuf   []op // commit's, kept between changes (bounded by keptOps)
 	// committed: how long the last Apply's transaction took (netlink
 	// send and the kernel's answer), for benchmarks.
 	committed time.Duration
@@ -87,7 +96,7 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{},
+	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{}, checked: map[string]bool{},
 		refs: map[elem]int32{}, pending: map[elem]bool{}}
 	nsPath := cfg.HostNS
 	if nsPath == "" {
@@ -273,6 +282,7 @@ func (p *Path) Apply(ctx context.Context, changes map[string]*Pod) error {
 	for k, pod := range changes {
 		p.setOwnerWith(k, pod, &w)
 	}
+	p.compared = w.n
 	return p.commit(ctx)
 }
 
@@ -280,10 +290,12 @@ func (p *Path) setOwner(k string, pod *Pod) { p.setOwnerWith(k, pod, nil) }
 
 func (p *Path) setOwnerWith(k string, pod *Pod, w *walks) {
 	old, had := p.pods[k]
-	if pod != nil && had && p.patchOwner(&old, pod, w) {
+	if pod != nil && had && p.patchOwner(&old, pod, p.checked[k], w) {
 		p.pods[k] = *pod
+		p.setChecked(k, true)
 		return
 	}
+	p.setChecked(k, false)
 	var olds []elem
 	if had {
 		olds = elementsOf(&old)
@@ -323,6 +335,18 @@ func (p *Path) diff(olds, els []elem) {
 	}
 }
 
+// setChecked records whether owner k's lists are known to pass validDir.
+func (p *Path) setChecked(k string, ok bool) {
+	if !ok {
+		delete(p.checked, k)
+		return
+	}
+	if p.checked == nil {
+		p.checked = map[string]bool{}
+	}
+	p.checked[k] = true
+}
+
 func (p *Path) ref(e elem) {
 	n := p.refs[e]
 	if _, ok := p.pending[e]; !ok {
@@ -351,7 +375,10 @@ func (p *Path) unref(e elem) {
 // and allocation. It reports false, having done nothing,
 // when the address or isolation changed or a list is not sorted (the
 // caller then diffs every element).
-func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
+//
+// oldChecked says that old's isolated lists are known to pass validDir
+// (then a new list on the same Base has only its overlay checked).
+func (p *Path) patchOwner(old, cur *Pod, oldChecked bool, w *walks) bool {
 	if old.IP != cur.IP || !cur.IP.Is4() || old.Ingress.Isolated != cur.Ingress.Isolated || old.Egress.Isolated != cur.Egress.Isolated {
 		return false
 	}
@@ -361,7 +388,7 @@ func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 		if !curs[d].Isolated {
 			continue
 		}
-		t, ok := w.diff(olds[d].Allow, curs[d].Allow)
+		t, ok := w.diff(olds[d], curs[d], oldChecked)
 		if !ok {
 			return false
 		}
@@ -397,7 +424,10 @@ func (p *Path) patchOwner(old, cur *Pod, w *walks) bool {
 // the engine hands the same list to the local pods alike in its
 // computation (replicas of one workload), so a peer's change walks each
 // distinct pair of lists once, however many pods share it.
-type walks map[listPair]walked
+type walks struct {
+	m map[listPair]walked
+	n int // allows compared
+}
 
 // walked is the diff of a pair of lists, ok false when one is not
 // strictly sorted (then there is none).
@@ -406,12 +436,8 @@ type walked struct {
 	ok bool
 }
 
-// listPair identifies an old and a new list (their first elements'
-// addresses and lengths).
-type listPair struct {
-	o, c   *Allow
-	no, nc int
-}
+// listPair identifies an old and a new list.
+type listPair struct{ o, c policyrule.ListID }
 
 // touched is one allow in which two lists differ: added (in the new list
 // only) or taken out.
@@ -420,52 +446,115 @@ type touched struct {
 	add bool
 }
 
-// diff returns the allows in which lists o and c differ, in order, or
-// false when one is not strictly sorted; from w when it walked the same
-// pair already (w nil: no memo).
-func (w *walks) diff(o, c []Allow) ([]touched, bool) {
-	var key listPair
-	if w != nil && len(o) > 0 && len(c) > 0 {
-		key = listPair{&o[0], &c[0], len(o), len(c)}
-		if r, ok := (*w)[key]; ok {
+// diff returns the allows in which the lists of o and c differ, in
+// order, or false when one is not strictly sorted (validDir); from w
+// when it walked the same pair already (w nil: no memo). When o and c
+// share their Base (the engine's patch of a few allows: see
+// policyrule.Dir), only their overlays are walked, O(overlay); and when
+// o is known to be valid (oChecked), only c's overlay is checked, so
+// the Base is not read at all but for a lookup of each overlay allow.
+// Otherwise both lists are checked and walked. (A memo's answer holds
+// whatever oChecked was: validity is a property of the lists, which
+// never change.)
+func (w *walks) diff(o, c Dir, oChecked bool) ([]touched, bool) {
+	key := listPair{o.ID(), c.ID()}
+	if w != nil {
+		if r, ok := w.m[key]; ok {
 			return r.t, r.ok
 		}
 	}
-	if !strictlySorted(o) || !strictlySorted(c) {
-		if key.o != nil {
-			w.put(key, walked{})
+	var r walked
+	n := 0
+	switch {
+	case !oChecked && !validDir(o):
+	case o.SameBase(c):
+		if validOverlay(c) {
+			r, n = overlayDiff(o, c), o.Overlay()+c.Overlay()
 		}
-		return nil, false
+	case validDir(c):
+		r, n = listDiff(o, c), o.Len()+c.Len()
 	}
+	if w != nil {
+		w.n += n
+		w.put(key, r)
+	}
+	return r.t, r.ok
+}
+
+// listDiff walks the lists of o and c together (both valid).
+func listDiff(o, c Dir) walked {
 	var out []touched
-	i, j := 0, 0
-	for i < len(o) || j < len(c) {
+	oc, cc := o.Cursor(), c.Cursor()
+	x, okx := oc.Next()
+	y, oky := cc.Next()
+	for okx || oky {
 		switch {
-		case i < len(o) && j < len(c) && o[i] == c[j]: // most are kept
-			i++
-			j++
-		case j == len(c) || (i < len(o) && cmpAllow(o[i], c[j]) < 0):
-			out = append(out, touched{o[i], false})
-			i++
-		case i == len(o) || cmpAllow(o[i], c[j]) > 0:
-			out = append(out, touched{c[j], true})
-			j++
+		case okx && oky && x == y: // most are kept
+			x, okx = oc.Next()
+			y, oky = cc.Next()
+		case !oky || (okx && cmpAllow(x, y) < 0):
+			out = append(out, touched{x, false})
+			x, okx = oc.Next()
 		default:
-			i++
-			j++
+			out = append(out, touched{y, true})
+			y, oky = cc.Next()
 		}
 	}
-	if key.o != nil {
-		w.put(key, walked{out, true})
+	return walked{out, true}
+}
+
+// overlayDiff is the diff of o and c, which share their Base: an allow
+// can differ only where an overlay names it. An allow of an Add list is
+// not in the Base, one of a Del list is; so which lists name an allow
+// tells whether each of o and c holds it. o and c are valid.
+func overlayDiff(o, c Dir) walked {
+	n := 0
+	mergeOverlays(o, c, func(Allow, bool) { n++ })
+	if n == 0 {
+		return walked{ok: true}
 	}
-	return out, true
+	out := make([]touched, 0, n)
+	mergeOverlays(o, c, func(a Allow, add bool) { out = append(out, touched{a, add}) })
+	return walked{out, true}
+}
+
+// mergeOverlays calls f, in order, for each allow in which the lists of
+// o and c (of one Base) differ, with whether c holds it.
+func mergeOverlays(o, c Dir, f func(a Allow, add bool)) {
+	lists := [4][]Allow{o.Add, o.Del, c.Add, c.Del}
+	for {
+		// The least allow named by any overlay, and which name it.
+		var least Allow
+		found := false
+		for _, l := range lists {
+			if len(l) > 0 && (!found || cmpAllow(l[0], least) < 0) {
+				least, found = l[0], true
+			}
+		}
+		if !found {
+			return
+		}
+		var in [4]bool
+		for i, l := range lists {
+			if len(l) > 0 && l[0] == least {
+				in[i] = true
+				lists[i] = l[1:]
+			}
+		}
+		inBase := in[1] || in[3]
+		had := in[0] || (inBase && !in[1])
+		has := in[2] || (inBase && !in[3])
+		if had != has {
+			f(least, has)
+		}
+	}
 }
 
 func (w *walks) put(k listPair, r walked) {
-	if *w == nil {
-		*w = walks{}
+	if w.m == nil {
+		w.m = map[listPair]walked{}
 	}
-	(*w)[k] = r
+	w.m[k] = r
 }
 
 // Sync makes the kernel hold exactly the elements of all, whatever it
@@ -565,8 +654,7 @@ func (p *Path) syncDiff(ctx context.Context, all map[string]*Pod) (bool, error) 
 // samePod reports whether a and b want the same elements, without
 // computing them.
 func samePod(a, b *Pod) bool {
-	eq := func(x, y Dir) bool { return x.Isolated == y.Isolated && slices.Equal(x.Allow, y.Allow) }
-	return a.IP == b.IP && eq(a.Ingress, b.Ingress) && eq(a.Egress, b.Egress)
+	return a.IP == b.IP && a.Ingress.Equal(b.Ingress) && a.Egress.Equal(b.Egress)
 }
 
 // syncFull flushes every policy set and adds every wanted element in one
@@ -577,10 +665,11 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 	n := 0
 	for _, pod := range all {
 		if pod != nil {
-			n += 2 + len(pod.Ingress.Allow) + len(pod.Egress.Allow)
+			n += 2 + pod.Ingress.Len() + pod.Egress.Len()
 		}
 	}
 	p.pods = make(map[string]Pod, len(all))
+	p.checked = make(map[string]bool, len(all))
 	p.refs = make(map[elem]int32, n)
 	p.pending = map[elem]bool{}
 	p.kernel = -1 // unknown until the transaction succeeds
@@ -591,7 +680,9 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 		}
 		p.pods[k] = *pod
 		els := elementsOf(pod)
-		if !distinct(pod) { // an owner refers to an element once
+		if distinct(pod) {
+			p.checked[k] = true
+		} else { // an owner refers to an element once
 			if seen == nil {
 				seen = map[elem]bool{}
 			}
@@ -650,7 +741,7 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 // distinct hashed elements, and the interval elements are disjoint by
 // construction).
 func distinct(pod *Pod) bool {
-	return strictlySorted(pod.Ingress.Allow) && strictlySorted(pod.Egress.Allow)
+	return validDir(pod.Ingress) && validDir(pod.Egress)
 }
 
 type op struct {
@@ -668,7 +759,15 @@ func (p *Path) commit(ctx context.Context) error {
 	if p.kernel < 0 {
 		return errors.New("policypath: the last full sync failed; the next one repairs")
 	}
-	ops := make([]op, 0, len(p.pending))
+	ops := p.opsBuf[:0]
+	if cap(ops) < len(p.pending) {
+		ops = make([]op, 0, len(p.pending))
+	}
+	if cap(ops) <= keptOps {
+		p.opsBuf = ops[:0]
+	} else {
+		p.opsBuf = nil
+	}
 	for e, have := range p.pending {
 		if want := p.refs[e] > 0; want != have {
 			ops = append(ops, op{e, have})
@@ -739,6 +838,10 @@ func (p *Path) commitOps(ops []op) error {
 	}
 	return nil
 }
+
+// keptOps is the most operations whose buffer commit keeps for the
+// next change (a change's; a big sync's is dropped).
+const keptOps = 1 << 14
 
 // keptTx is the largest transaction sent on the kept connection (and
 // whose buffer is kept): a change's; a larger one (a big diff sync) goes

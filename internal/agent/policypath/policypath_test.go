@@ -122,28 +122,28 @@ func TestPolicy(t *testing.T) {
 		{"b denies all ingress", map[string]*Pod{"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true}}},
 			[]string{"a>c", "b>a", "b>c", "c>a"}},
 		{"b allows a on tcp 8080", map[string]*Pod{"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true,
-			Allow: []Allow{exact("10.0.0.10", 6, 8080)}}}}, []string{"a>b", "a>c", "b>a", "b>c", "c>a"}},
+			Base: []Allow{exact("10.0.0.10", 6, 8080)}}}}, []string{"a>b", "a>c", "b>a", "b>c", "c>a"}},
 		{"b allows a on another port only", map[string]*Pod{"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true,
-			Allow: []Allow{exact("10.0.0.10", 6, 8081), exact("10.0.0.10", 17, 8080)}}}}, []string{"a>c", "b>a", "b>c", "c>a"}},
+			Base: []Allow{exact("10.0.0.10", 6, 8081), exact("10.0.0.10", 17, 8080)}}}}, []string{"a>c", "b>a", "b>c", "c>a"}},
 		{"b allows c on every port, anyone on 8080/udp", map[string]*Pod{"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true,
-			Allow: []Allow{{PeerLo: A4(ip("10.0.0.12")), PeerHi: A4(ip("10.0.0.12"))}, {PeerLo: A4(ip("0.0.0.0")), PeerHi: A4(ip("255.255.255.255")), Proto: 17, PortLo: 8080, PortHi: 8080}}}}},
+			Base: []Allow{{PeerLo: A4(ip("10.0.0.12")), PeerHi: A4(ip("10.0.0.12"))}, {PeerLo: A4(ip("0.0.0.0")), PeerHi: A4(ip("255.255.255.255")), Proto: 17, PortLo: 8080, PortHi: 8080}}}}},
 			[]string{"a>c", "b>a", "b>c", "c>a", "c>b"}},
 		{"b allows a range and port range, overlapping", map[string]*Pod{"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true,
-			Allow: []Allow{
+			Base: []Allow{
 				{PeerLo: A4(ip("10.0.0.8")), PeerHi: A4(ip("10.0.0.10")), Proto: 6, PortLo: 8000, PortHi: 8100},
 				{PeerLo: A4(ip("10.0.0.9")), PeerHi: A4(ip("10.0.0.10")), Proto: 6, PortLo: 8050, PortHi: 9000},
 				{PeerLo: A4(ip("10.0.0.0")), PeerHi: A4(ip("10.0.0.9"))}}}}},
 			[]string{"a>b", "a>c", "b>a", "b>c", "c>a"}},
 		{"b allows a cidr (any port), a egress only to b:8080", map[string]*Pod{
-			"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true, Allow: []Allow{{PeerLo: A4(ip("10.0.0.12")), PeerHi: A4(ip("10.0.0.15"))}}}},
-			"a": {IP: ip("10.0.0.10"), Egress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.11", 6, 8080)}}}},
+			"b": {IP: ip("10.0.0.11"), Ingress: Dir{Isolated: true, Base: []Allow{{PeerLo: A4(ip("10.0.0.12")), PeerHi: A4(ip("10.0.0.15"))}}}},
+			"a": {IP: ip("10.0.0.10"), Egress: Dir{Isolated: true, Base: []Allow{exact("10.0.0.11", 6, 8080)}}}},
 			[]string{"b>a", "b>c", "c>a", "c>b"}},
 		{"a egress to everything on 8080, b open", map[string]*Pod{
 			"b": nil,
-			"a": {IP: ip("10.0.0.10"), Egress: Dir{Isolated: true, Allow: []Allow{{PeerLo: A4(ip("0.0.0.0")), PeerHi: A4(ip("255.255.255.255")), Proto: 6, PortLo: 8080, PortHi: 8080}}}}},
+			"a": {IP: ip("10.0.0.10"), Egress: Dir{Isolated: true, Base: []Allow{{PeerLo: A4(ip("0.0.0.0")), PeerHi: A4(ip("255.255.255.255")), Proto: 6, PortLo: 8080, PortHi: 8080}}}}},
 			all},
 		{"a egress to c's range only", map[string]*Pod{
-			"a": {IP: ip("10.0.0.10"), Egress: Dir{Isolated: true, Allow: []Allow{{PeerLo: A4(ip("10.0.0.12")), PeerHi: A4(ip("10.0.0.20")), Proto: 6, PortLo: 1, PortHi: 65535}}}}},
+			"a": {IP: ip("10.0.0.10"), Egress: Dir{Isolated: true, Base: []Allow{{PeerLo: A4(ip("10.0.0.12")), PeerHi: A4(ip("10.0.0.20")), Proto: 6, PortLo: 1, PortHi: 65535}}}}},
 			[]string{"a>c", "b>a", "b>c", "c>a", "c>b"}},
 		{"all gone", map[string]*Pod{"a": nil}, all},
 	}
@@ -216,8 +216,8 @@ func TestSyncAfterRestart(t *testing.T) {
 	tp := newTopo(t)
 	p1 := newPath(t, tp)
 	old := map[string]*Pod{
-		"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.11", 6, 80), {PeerLo: A4(ip("10.0.0.0")), PeerHi: A4(ip("10.0.0.255")), Proto: 6, PortLo: 1, PortHi: 100}}}},
-		"b": {IP: ip("10.0.0.11"), Egress: Dir{Isolated: true, Allow: []Allow{{PeerLo: A4(ip("10.0.0.10")), PeerHi: A4(ip("10.0.0.10"))}, {PeerLo: A4(ip("10.1.0.0")), PeerHi: A4(ip("10.1.255.255"))}}}},
+		"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Base: []Allow{exact("10.0.0.11", 6, 80), {PeerLo: A4(ip("10.0.0.0")), PeerHi: A4(ip("10.0.0.255")), Proto: 6, PortLo: 1, PortHi: 100}}}},
+		"b": {IP: ip("10.0.0.11"), Egress: Dir{Isolated: true, Base: []Allow{{PeerLo: A4(ip("10.0.0.10")), PeerHi: A4(ip("10.0.0.10"))}, {PeerLo: A4(ip("10.1.0.0")), PeerHi: A4(ip("10.1.255.255"))}}}},
 	}
 	if err := p1.Apply(t.Context(), old); err != nil {
 		t.Fatal(err)
@@ -241,8 +241,8 @@ func TestSyncAfterRestart(t *testing.T) {
 		}
 	}
 	cur := map[string]*Pod{
-		"b": {IP: ip("10.0.0.11"), Egress: Dir{Isolated: true, Allow: []Allow{{PeerLo: A4(ip("10.0.0.10")), PeerHi: A4(ip("10.0.0.10"))}}}},
-		"c": {IP: ip("10.0.0.12"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.10", 17, 53)}}},
+		"b": {IP: ip("10.0.0.11"), Egress: Dir{Isolated: true, Base: []Allow{{PeerLo: A4(ip("10.0.0.10")), PeerHi: A4(ip("10.0.0.10"))}}}},
+		"c": {IP: ip("10.0.0.12"), Ingress: Dir{Isolated: true, Base: []Allow{exact("10.0.0.10", 17, 53)}}},
 	}
 	if err := p2.Sync(t.Context(), cur); err != nil {
 		t.Fatal(err)
@@ -260,7 +260,7 @@ func TestRestartRewritesNothing(t *testing.T) {
 	tp := newTopo(t)
 	p1 := newPath(t, tp)
 	pods := map[string]*Pod{
-		"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.11", 6, 80)}}},
+		"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Base: []Allow{exact("10.0.0.11", 6, 80)}}},
 	}
 	if err := p1.Sync(t.Context(), pods); err != nil {
 		t.Fatal(err)

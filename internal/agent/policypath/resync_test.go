@@ -30,11 +30,11 @@ func TestResyncWritesDifference(t *testing.T) {
 		for i := range 3 {
 			pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}, Egress: Dir{Isolated: true}}
 			for k := range 5 {
-				pod.Ingress.Allow = append(pod.Ingress.Allow, exact(netip.AddrFrom4([4]byte{10, 2, 0, byte(k)}).String(), 6, port))
+				pod.Ingress.Base = append(pod.Ingress.Base, exact(netip.AddrFrom4([4]byte{10, 2, 0, byte(k)}).String(), 6, port))
 			}
-			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: A4(netip.MustParseAddr("172.16.0.0")), PeerHi: A4(netip.MustParseAddr("172.16.0.255")), Proto: 17, PortLo: 53, PortHi: 60})
-			pod.Egress.Allow = []Allow{{PeerLo: A4(netip.MustParseAddr("10.3.0.1")), PeerHi: A4(netip.MustParseAddr("10.3.0.1"))}}
-			slices.SortFunc(pod.Ingress.Allow, cmpAllow)
+			pod.Ingress.Base = append(pod.Ingress.Base, Allow{PeerLo: A4(netip.MustParseAddr("172.16.0.0")), PeerHi: A4(netip.MustParseAddr("172.16.0.255")), Proto: 17, PortLo: 53, PortHi: 60})
+			pod.Egress.Base = []Allow{{PeerLo: A4(netip.MustParseAddr("10.3.0.1")), PeerHi: A4(netip.MustParseAddr("10.3.0.1"))}}
+			slices.SortFunc(pod.Ingress.Base, cmpAllow)
 			pods[string(rune('a'+i))] = pod
 		}
 		return pods
@@ -93,7 +93,7 @@ func TestFullTxFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	pods := map[string]*Pod{"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Allow: []Allow{exact("10.0.0.11", 6, 80)}}}}
+	pods := map[string]*Pod{"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Base: []Allow{exact("10.0.0.11", 6, 80)}}}}
 	if err := p.Sync(t.Context(), pods); err != nil {
 		t.Fatal(err)
 	}

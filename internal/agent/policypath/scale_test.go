@@ -28,14 +28,14 @@ func TestScale(t *testing.T) {
 		pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}}
 		for k := range 2000 {
 			peer := netip.AddrFrom4([4]byte{10, 2, byte(k / 20), byte(k)})
-			pod.Ingress.Allow = append(pod.Ingress.Allow, exact(peer.String(), 6, uint16(1000+k%20)))
+			pod.Ingress.Base = append(pod.Ingress.Base, exact(peer.String(), 6, uint16(1000+k%20)))
 		}
 		for k := range 20 {
 			lo := netip.AddrFrom4([4]byte{172, 16, byte(k), 0})
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 255})
-			pod.Ingress.Allow = append(pod.Ingress.Allow, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 6, PortLo: 80, PortHi: 90})
+			pod.Ingress.Base = append(pod.Ingress.Base, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 6, PortLo: 80, PortHi: 90})
 		}
-		slices.SortFunc(pod.Ingress.Allow, cmpAllow) // as the engine gives them
+		slices.SortFunc(pod.Ingress.Base, cmpAllow) // as the engine gives them
 		pods[string(rune('a'+i%26))+string(rune('0'+i/26))] = pod
 	}
 	start := time.Now()
@@ -52,9 +52,9 @@ func TestScale(t *testing.T) {
 		var ds []time.Duration
 		for i := range 50 {
 			pod := *pods[key]
-			pod.Ingress.Allow = slices.Clone(pod.Ingress.Allow)
+			pod.Ingress.Base = slices.Clone(pod.Ingress.Base)
 			change(i, &pod)
-			slices.SortFunc(pod.Ingress.Allow, cmpAllow)
+			slices.SortFunc(pod.Ingress.Base, cmpAllow)
 			t0 := time.Now()
 			if err := p.Apply(t.Context(), map[string]*Pod{key: &pod}); err != nil {
 				t.Fatal(err)
@@ -69,12 +69,12 @@ func TestScale(t *testing.T) {
 		}
 	}
 	measure("one exact tuple added", func(i int, pod *Pod) {
-		pod.Ingress.Allow = append(pod.Ingress.Allow, exact("10.3.0."+itoa(i), 6, 443))
+		pod.Ingress.Base = append(pod.Ingress.Base, exact("10.3.0."+itoa(i), 6, 443))
 	})
 	measure("one range replaced", func(i int, pod *Pod) {
-		for j, a := range pod.Ingress.Allow {
+		for j, a := range pod.Ingress.Base {
 			if a.PortLo == 80 && a.PortHi != a.PortLo {
-				pod.Ingress.Allow[j].PortHi = uint16(91 + i)
+				pod.Ingress.Base[j].PortHi = uint16(91 + i)
 				break
 			}
 		}

@@ -11,7 +11,8 @@ import (
 type (
 	// Pod is the wanted state of one local pod.
 	Pod = policyrule.Pod
-	// Dir is one direction: when Isolated, only what Allow lists passes.
+	// Dir is one direction: when Isolated, only what its list (Base with
+	// its overlay, see policyrule.Dir) allows passes.
 	Dir = policyrule.Dir
 	// Addr4 is an IPv4 address as a number (see policyrule.Addr4).
 	Addr4 = policyrule.Addr4

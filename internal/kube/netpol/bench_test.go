@@ -125,8 +125,8 @@ func BenchmarkHandOver(b *testing.B) {
 			out := make(map[string]*Rules, len(ch))
 			for k, r := range ch {
 				c := *r
-				c.Ingress.Allow = slices.Clone(r.Ingress.Allow)
-				c.Egress.Allow = slices.Clone(r.Egress.Allow)
+				c.Ingress = Dir{Isolated: r.Ingress.Isolated, Base: slices.Clone(r.Ingress.List())}
+				c.Egress = Dir{Isolated: r.Egress.Isolated, Base: slices.Clone(r.Egress.List())}
 				out[k] = &c
 			}
 		}

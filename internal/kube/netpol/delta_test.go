@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"kurma.dev/kurma/internal/policyrule"
 )
 
 // relabel moves remote pod bench/p<i> of benchPods to peer group g and
@@ -37,7 +39,8 @@ func allocated(f func()) uint64 {
 // signatures are kept, not rebuilt from every policy naming the peer
 // (the first label change after (b) was the slowest); the local pods of
 // one class that shared a list share the patched one; and the bytes it
-// allocates are those of the new lists, once per class.
+// allocates are O(change): the new lists share the old ones' Base, only
+// their overlays are new.
 func TestPeerChangeWork(t *testing.T) {
 	e := benchPods()
 	const n = 2000
@@ -58,6 +61,7 @@ func TestPeerChangeWork(t *testing.T) {
 			e.Compute()
 		}
 	}
+	before := e.All()
 	var ch map[string]*Rules
 	bytes := allocated(func() { ch = relabel(e, 111, "g-0") })
 	st := e.LastStats()
@@ -69,11 +73,11 @@ func TestPeerChangeWork(t *testing.T) {
 	if len(ch) != 20 {
 		t.Fatalf("%d pods changed, want 20", len(ch))
 	}
-	lists := map[*Allow]bool{}
+	lists := map[policyrule.ListID]bool{}
 	total := 0
 	for _, r := range ch {
-		lists[&r.Ingress.Allow[0]] = true
-		total += len(r.Ingress.Allow)
+		lists[r.Ingress.ID()] = true
+		total += r.Ingress.Len()
 	}
 	if len(lists) != 10 {
 		t.Errorf("%d distinct new lists for 20 pods of 10 classes, want 10", len(lists))
@@ -90,8 +94,22 @@ func TestPeerChangeWork(t *testing.T) {
 		}
 		bytes = min(bytes, b)
 	}
-	if limit := uint64(total/2*16 + 128<<10); bytes > limit {
-		t.Errorf("label change allocated %d bytes, want at most %d (half the %d allows' lists and 128 KiB)", bytes, limit, total)
+	// Each class's new list is its old one's Base, shared, with a new
+	// overlay of the change's 20 allows (policyrule.Dir.With): the bytes
+	// are the overlays and bookkeeping, O(change), well under one list
+	// of 2,000 allows (32 KB; before the overlays each change built ten,
+	// about 350 KB).
+	if limit := uint64(64 << 10); bytes > limit {
+		t.Errorf("label change allocated %d bytes, want at most %d (the %d allows' 10 lists would be %d)", bytes, limit, total, total/2*16)
+	}
+	shared := 0
+	for k, r := range ch {
+		if old := before[k]; old != nil && r.Ingress.SameBase(old.Ingress) && r.Ingress.Len() > 0 {
+			shared++
+		}
+	}
+	if shared != len(ch) {
+		t.Errorf("%d of %d changed lists share their Base with the old list, want all", shared, len(ch))
 	}
 	t.Logf("label change: %d bytes allocated, %d allows in the 20 changed lists, stats %+v", bytes, total, st)
 
@@ -107,6 +125,66 @@ func TestPeerChangeWork(t *testing.T) {
 	relabel(f, 111, "g-0")
 	for k, r := range e.All() {
 		if !r.Equal(f.Rules(k)) {
+			t.Fatalf("%s: incremental rules differ from scratch", k)
+		}
+	}
+	if len(e.All()) != len(f.All()) {
+		t.Fatalf("%d local pods with rules, scratch %d", len(e.All()), len(f.All()))
+	}
+}
+
+// TestOverlayCompaction: peers moved for good, one after another (each
+// change lands on the overlays of the lists naming the peer's old and
+// new groups), keep every list's overlay within its bound: the lists are
+// compacted into new Bases as they grow, and the engine still equals one
+// computed from scratch.
+func TestOverlayCompaction(t *testing.T) {
+	build := func() *Engine {
+		e := benchPods()
+		for j := range 1000 {
+			_ = e.SetPolicy(benchPolicy(j))
+		}
+		e.Compute()
+		return e
+	}
+	e := build()
+	compacted, overlaid := 0, 0
+	for k := range 150 {
+		i := 101 + k
+		before := e.All()
+		ch := relabel(e, i, fmt.Sprintf("g-%d", (i+1+k%3)%10))
+		if st := e.LastStats(); st.Recomputed != 0 || st.Changed == 0 {
+			t.Fatalf("move %d: %+v, want patched pods only", k, st)
+		}
+		for key, r := range ch {
+			for _, d := range []struct{ old, cur Dir }{{before[key].Ingress, r.Ingress}, {before[key].Egress, r.Egress}} {
+				if d.cur.Overlay() > 16+len(d.cur.Base)/8 {
+					t.Fatalf("move %d, %s: overlay of %d on a Base of %d", k, key, d.cur.Overlay(), len(d.cur.Base))
+				}
+				switch {
+				case d.cur.ID() == d.old.ID():
+				case d.cur.SameBase(d.old):
+					overlaid++
+				default:
+					compacted++
+				}
+			}
+		}
+	}
+	if compacted == 0 || overlaid == 0 {
+		t.Errorf("%d lists compacted, %d overlaid: the test wants both", compacted, overlaid)
+	}
+	t.Logf("%d changed lists overlaid on their old Base, %d compacted", overlaid, compacted)
+	f := build()
+	for k := range 150 {
+		i := 101 + k
+		p := *f.pods[fmt.Sprintf("bench/p%d", i)]
+		p.Labels = map[string]string{"app": p.Labels["app"], "grp": fmt.Sprintf("g-%d", (i+1+k%3)%10)}
+		f.SetPod(&p)
+	}
+	f.Compute()
+	for k, r := range f.All() {
+		if !r.Equal(e.Rules(k)) {
 			t.Fatalf("%s: incremental rules differ from scratch", k)
 		}
 	}

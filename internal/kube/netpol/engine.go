@@ -6,6 +6,8 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"kurma.dev/kurma/internal/policyrule"
 )
 
 // Engine computes the rules of one node's pods. Build it with NewEngine;
@@ -734,7 +736,7 @@ func (e *Engine) compute(l *Pod) *Rules {
 	r := &Rules{IP: l.IP}
 	var hin, heg int // size hints: the last rules' lengths
 	if old := e.rules[l.Key()]; old != nil {
-		hin, heg = len(old.Ingress.Allow), len(old.Egress.Allow)
+		hin, heg = old.Ingress.Len(), old.Egress.Len()
 	}
 	in, eg := make(map[Allow]int32, hin), make(map[Allow]int32, heg)
 	lk := l.Key()
@@ -749,8 +751,8 @@ func (e *Engine) compute(l *Pod) *Rules {
 	}
 	r.Ingress.Isolated, r.Egress.Isolated = c.isoIn > 0, c.isoEg > 0
 	e.contrib[lk] = c
-	r.Ingress.Allow = finish(&r.Ingress, in)
-	r.Egress.Allow = finish(&r.Egress, eg)
+	r.Ingress.Base = finish(&r.Ingress, in)
+	r.Egress.Base = finish(&r.Egress, eg)
 	return r
 }
 
@@ -877,16 +879,14 @@ func (e *Engine) ungroup(pol *policy) {
 // allowAll is the Allow of a rule without peers and ports.
 var allowAll = Allow{PeerLo: anyLo, PeerHi: anyHi}
 
-// patchMemo remembers, during one Compute, the lists patch built from
-// each old list, so that local pods which shared a list and got the same
-// flips share the result (see Compute).
-type patchMemo map[*Allow][]patched
+// patchMemo remembers, during one Compute, the directions patch built
+// from each old one, so that local pods which shared a list and got the
+// same flips share the result (see Compute).
+type patchMemo map[policyrule.ListID][]patched
 
-// patched is one list patch built: from the old list (its first
-// element's address keys the memo; n its length), with flip and the
-// counts set, the result d.
+// patched is one direction patch built: with flip and the counts set,
+// the result d.
 type patched struct {
-	n    int
 	flip map[Allow]bool
 	set  map[Allow]int32
 	d    Dir
@@ -900,38 +900,26 @@ func (m *patchMemo) patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow
 	if len(flip) == 0 && iso == old.Isolated && (!iso || set[allowAll] == 0) {
 		return old, false
 	}
-	// Only the path that keeps the old list's isolation and copies it
-	// with the flips applied depends on nothing but the flips.
-	fast := iso && old.Isolated && set[allowAll] == 0 && len(old.Allow) > 0
+	// Only the path that keeps the old list's isolation and applies the
+	// flips to it depends on nothing but the flips.
+	fast := iso && old.Isolated && set[allowAll] == 0
+	id := old.ID()
 	if fast {
-		for _, p := range (*m)[&old.Allow[0]] {
-			if p.n == len(old.Allow) && sameFlips(p.flip, p.set, flip, set) {
+		for _, p := range (*m)[id] {
+			if sameFlips(p.flip, p.set, flip, set) {
 				return p.d, true
 			}
 		}
 	}
 	d := patch(old, iso, set, flip)
-	changed := d.Isolated != old.Isolated || !sameList(d.Allow, old.Allow)
+	changed := !d.Equal(old)
 	if fast && changed {
 		if *m == nil {
 			*m = patchMemo{}
 		}
-		(*m)[&old.Allow[0]] = append((*m)[&old.Allow[0]], patched{n: len(old.Allow), flip: flip, set: set, d: d})
+		(*m)[id] = append((*m)[id], patched{flip: flip, set: set, d: d})
 	}
 	return d, changed
-}
-
-// sameList reports whether a and b are the same list: patch returns the
-// old one itself when nothing changed and a new one otherwise, except
-// through finish, which the length and contents tell.
-func sameList(a, b []Allow) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 || &a[0] == &b[0] {
-		return true
-	}
-	return slices.Equal(a, b)
 }
 
 // sameFlips reports whether flips f (counts s) and g (counts t) name the
@@ -950,60 +938,41 @@ func sameFlips(f map[Allow]bool, s map[Allow]int32, g map[Allow]bool, t map[Allo
 
 // patch returns the direction whose last computed state is old, now
 // isolated iso with counts set, where only the Allows in flip may have
-// changed: the old sorted list with the flips applied (O(list) copying and
-// O(flips log flips) sorting), or, when isolation or allow-all changed, a
+// changed: old with the flips applied as a new overlay on its list
+// (policyrule.Dir.With: O(overlay + flips log flips), the old list's
+// Base shared, not copied), or, when isolation or allow-all changed, a
 // full finish.
 func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 	d := Dir{Isolated: iso}
 	if !iso || set[allowAll] > 0 || !old.Isolated {
-		d.Allow = finish(&d, set)
+		d.Base = finish(&d, set)
 		return d
 	}
 	if len(flip) == 0 {
 		return old
 	}
-	// The flips that changed membership, each with its position in the
-	// old list (an addition's insertion point, a deletion's index).
-	type at struct {
-		a   Allow
-		pos int
-	}
-	var add, del []at
+	// The flips that changed membership, in one buffer: additions from
+	// its start, deletions from its end.
+	buf := make([]Allow, len(flip))
+	i, j := 0, len(buf)
 	for a := range flip {
-		pos, was := slices.BinarySearchFunc(old.Allow, a, cmpAllow)
-		now := set[a] > 0
+		was, now := old.Has(a), set[a] > 0
 		switch {
 		case now && !was:
-			add = append(add, at{a, pos})
+			buf[i] = a
+			i++
 		case was && !now:
-			del = append(del, at{a, pos})
+			j--
+			buf[j] = a
 		}
 	}
+	add, del := buf[:i], buf[j:]
 	if len(add) == 0 && len(del) == 0 {
 		return old
 	}
-	byAllow := func(x, y at) int { return cmpAllow(x.a, y.a) }
-	slices.SortFunc(add, byAllow)
-	slices.SortFunc(del, byAllow)
-	// Copy the old list in runs between the changes (an addition goes
-	// before the old allow at its insertion point, which a deletion at
-	// the same point then skips).
-	out := make([]Allow, 0, len(old.Allow)+len(add)-len(del))
-	from, i, j := 0, 0, 0
-	for i < len(add) || j < len(del) {
-		if i < len(add) && (j == len(del) || add[i].pos <= del[j].pos) {
-			out = append(out, old.Allow[from:add[i].pos]...)
-			out = append(out, add[i].a)
-			from = add[i].pos
-			i++
-			continue
-		}
-		out = append(out, old.Allow[from:del[j].pos]...)
-		from = del[j].pos + 1
-		j++
-	}
-	d.Allow = append(out, old.Allow[from:]...)
-	return d
+	slices.SortFunc(add, cmpAllow)
+	slices.SortFunc(del, cmpAllow)
+	return old.With(add, del)
 }
 
 func finish(d *Dir, set map[Allow]int32) []Allow {

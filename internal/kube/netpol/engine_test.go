@@ -55,7 +55,7 @@ func world(t *testing.T) *Engine {
 
 func allows(d Dir) string {
 	var s []string
-	for _, a := range d.Allow {
+	for a := range d.All() {
 		s = append(s, a.String())
 	}
 	return strings.Join(s, ",")

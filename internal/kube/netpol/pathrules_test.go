@@ -21,7 +21,7 @@ func TestHandedOutListsUnchanged(t *testing.T) {
 	}
 	type kept struct {
 		key        string
-		list, copy []Allow
+		list, copy Dir
 	}
 	var all []kept
 	keep := func(ch map[string]*Rules) {
@@ -30,7 +30,7 @@ func TestHandedOutListsUnchanged(t *testing.T) {
 				continue
 			}
 			for _, d := range []Dir{r.Ingress, r.Egress} {
-				all = append(all, kept{k, d.Allow, slices.Clone(d.Allow)})
+				all = append(all, kept{k, d, Dir{Isolated: d.Isolated, Base: slices.Clone(d.Base), Add: slices.Clone(d.Add), Del: slices.Clone(d.Del)}})
 			}
 		}
 	}
@@ -68,7 +68,7 @@ func TestHandedOutListsUnchanged(t *testing.T) {
 			changed += len(ch)
 			keep(ch)
 			for i, kp := range all {
-				if !slices.Equal(kp.list, kp.copy) {
+				if !slices.Equal(kp.list.Base, kp.copy.Base) || !slices.Equal(kp.list.Add, kp.copy.Add) || !slices.Equal(kp.list.Del, kp.copy.Del) {
 					t.Fatalf("%s (round %d): list %d of %s was modified after it was handed out", s.name, k, i, kp.key)
 				}
 			}
@@ -82,7 +82,7 @@ func TestHandedOutListsUnchanged(t *testing.T) {
 // TestPathRules: the datapath's view shares the engine's values (no copy)
 // and keeps a deleted pod's nil.
 func TestPathRules(t *testing.T) {
-	r := &Rules{Ingress: Dir{Isolated: true, Allow: []Allow{{PeerLo: 1, PeerHi: 1, Proto: TCP, PortLo: 80, PortHi: 80}}}}
+	r := &Rules{Ingress: Dir{Isolated: true, Base: []Allow{{PeerLo: 1, PeerHi: 1, Proto: TCP, PortLo: 80, PortHi: 80}}}}
 	out := PathRules(map[string]*Rules{"a/web": r, "a/gone": nil})
 	if len(out) != 2 {
 		t.Fatalf("got %d pods, want 2", len(out))
@@ -91,7 +91,7 @@ func TestPathRules(t *testing.T) {
 		t.Errorf("deleted pod: got %v (present %v), want a nil entry", p, ok)
 	}
 	p := out["a/web"]
-	if p == nil || &p.Ingress.Allow[0] != &r.Ingress.Allow[0] {
+	if p == nil || &p.Ingress.Base[0] != &r.Ingress.Base[0] {
 		t.Errorf("a/web's allow list was copied or lost: %+v", p)
 	}
 }

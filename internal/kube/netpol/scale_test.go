@@ -39,7 +39,7 @@ func TestEngineScale(t *testing.T) {
 		cold := time.Since(t0)
 		elems := 0
 		for _, r := range all {
-			elems += len(r.Ingress.Allow)
+			elems += r.Ingress.Len()
 		}
 		var add, lbl []time.Duration
 		for k := range 20 {

@@ -1,7 +1,6 @@
 package netpol
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"maps"
@@ -159,25 +158,12 @@ func (r *Rules) Equal(o *Rules) bool {
 	if r == nil || o == nil {
 		return r == o
 	}
-	eq := func(a, b Dir) bool { return a.Isolated == b.Isolated && slices.Equal(a.Allow, b.Allow) }
-	return r.IP == o.IP && eq(r.Ingress, o.Ingress) && eq(r.Egress, o.Egress)
+	return r.IP == o.IP && r.Ingress.Equal(o.Ingress) && r.Egress.Equal(o.Egress)
 }
 
 // cmpAllow orders allows by peer range, protocol and port range (the
-// order policypath expects), comparing the fields packed into two
-// integers.
-func cmpAllow(a, b Allow) int {
-	ah := uint64(a.PeerLo)<<32 | uint64(a.PeerHi)
-	bh := uint64(b.PeerLo)<<32 | uint64(b.PeerHi)
-	if ah != bh {
-		if ah < bh {
-			return -1
-		}
-		return 1
-	}
-	return cmp.Compare(uint64(a.Proto)<<32|uint64(a.PortLo)<<16|uint64(a.PortHi),
-		uint64(b.Proto)<<32|uint64(b.PortLo)<<16|uint64(b.PortHi))
-}
+// order policypath expects).
+func cmpAllow(a, b Allow) int { return policyrule.Compare(a, b) }
 
 // policy is a compiled NetworkPolicy.
 type policy struct {
