@@ -121,6 +121,23 @@ func (d Dir) Has(a Allow) bool {
 	return ok
 }
 
+// OverlayFits reports whether d's overlay fits its Base as With keeps
+// it: no allow of Add in Base, every allow of Del in it (each slice
+// sorted). O(overlay × log Base).
+func (d Dir) OverlayFits() bool {
+	for _, a := range d.Add {
+		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); ok {
+			return false
+		}
+	}
+	for _, a := range d.Del {
+		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // ListID identifies a Dir's list by the identity of its slices (their
 // first elements' addresses and lengths): two Dirs of one ListID share
 // every slice, so they hold the same list. A comparable map key.
@@ -188,8 +205,7 @@ func (d Dir) With(add, del []Allow) Dir {
 	// undoes its addition.
 	buf := make([]Allow, len(add)+len(del))
 	addNew, addBack := d.split(add, buf[:len(add)])
-	delBase, delNew := d.split(del, buf[len(add):])
-	delNew, delBase = delBase, delNew
+	delNew, delBase := d.split(del, buf[len(add):])
 	n := Dir{Isolated: d.Isolated, Base: d.Base,
 		Add: mergeMinus(d.Add, addNew, delNew),
 		Del: mergeMinus(d.Del, delBase, addBack)}

@@ -42,20 +42,7 @@ func valid(d Dir) bool {
 		}
 		return true
 	}
-	if !strict(d.Base) || !strict(d.Add) || !strict(d.Del) {
-		return false
-	}
-	for _, a := range d.Add {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); ok {
-			return false
-		}
-	}
-	for _, a := range d.Del {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); !ok {
-			return false
-		}
-	}
-	return true
+	return strict(d.Base) && strict(d.Add) && strict(d.Del) && d.OverlayFits()
 }
 
 func allowN(n int) Allow {

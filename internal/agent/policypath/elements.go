@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/binary"
 	"math"
-	"slices"
 )
 
 // The sets, by index into setDefs.
@@ -226,18 +225,5 @@ func validDir(d Dir) bool { return strictlySorted(d.Base) && validOverlay(d) }
 // validOverlay is validDir's check of d's overlay alone, for a Base
 // known to pass strictlySorted: O(overlay × log Base).
 func validOverlay(d Dir) bool {
-	if !strictlySorted(d.Add) || !strictlySorted(d.Del) {
-		return false
-	}
-	for _, a := range d.Add {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, cmpAllow); ok {
-			return false
-		}
-	}
-	for _, a := range d.Del {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, cmpAllow); !ok {
-			return false
-		}
-	}
-	return true
+	return strictlySorted(d.Add) && strictlySorted(d.Del) && d.OverlayFits()
 }
