@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"kurma.dev/kurma/bench/internal/benchutil"
 	"kurma.dev/kurma/bench/internal/kurmanode"
 	"kurma.dev/kurma/internal/testutil/kubecluster"
 )
@@ -22,10 +23,10 @@ var baseBin = flag.String("base-bin", "", "bin folder of another build (e.g. mai
 // come from instead of the cluster's bin folder.
 var kurmaBin = flag.String("kurma-bin", "", "bin folder whose Kurma binaries the kurma setup runs (default: the cluster's)")
 
-// agentNice is the agent's --nice in the kurma setup: the agent plugs
-// pods while 100 sandboxes start on 2 cores, so it runs ahead of them,
-// as a node's networking daemon may (docs/kubernetes.md).
-const agentNice = -10
+// agentNice is the agent's --nice in the kurma setup, the deployed one:
+// the agent plugs pods while 100 sandboxes start on 2 cores, so it runs
+// ahead of them, as a node's networking daemon may (docs/kubernetes.md).
+const agentNice = benchutil.AgentNice
 
 // agentArgs is the -agent-args flag: more kurma-agent flags for the kurma
 // and kurma-base setups, after the bench's own (a later flag wins), e.g.

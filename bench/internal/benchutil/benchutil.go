@@ -15,6 +15,12 @@ import (
 	"time"
 )
 
+// AgentNice is kurma-agent's --nice in the install manifest
+// (deploy/kubernetes/30-agent.yaml; TestAgentNice checks): the benchmarks
+// run the agent, or what of it they measure, at the deployed CPU
+// priority.
+const AgentNice = -10
+
 // BinDir is where `make build` put the binaries: $KURMA_BIN_DIR, else "bin"
 // (benchmarks run from the repository root).
 func BinDir() string {

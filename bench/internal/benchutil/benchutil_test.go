@@ -1,9 +1,24 @@
 package benchutil
 
 import (
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
+
+// TestAgentNice: AgentNice is the install manifest's --nice for the
+// agent.
+func TestAgentNice(t *testing.T) {
+	b, err := os.ReadFile("../../../deploy/kubernetes/30-agent.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("- --nice=%d\n", AgentNice); !strings.Contains(string(b), want) {
+		t.Fatalf("30-agent.yaml has no %q: AgentNice (%d) is not the deployed agent's", want, AgentNice)
+	}
+}
 
 func TestStats(t *testing.T) {
 	ms := func(v ...int) []time.Duration {

@@ -82,12 +82,6 @@ const (
 	apps     = 50 // app label values
 	groups   = 10 // grp label values (peer selectors)
 	readyMsg = "netpol: full sync"
-
-	// agentNice is kurma-agent's --nice in deploy/kubernetes/30-agent.yaml:
-	// the policy controller runs inside the agent, so the policy process
-	// runs at the agent's CPU priority, as it runs at the agent's GC
-	// target. -child-nice 0 measures it as started.
-	agentNice = -10
 )
 
 func main() {
@@ -100,7 +94,7 @@ func main() {
 	cpuprof := flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 	flag.StringVar(&keepLogs, "childlogs", "", "copy the policy process's log of each size into this folder")
 	flag.IntVar(&childGC, "child-gc-percent", gcflag.Default, "GC target of the policy process; the default is kurma-agent's --gc-percent default")
-	flag.IntVar(&childNice, "child-nice", agentNice, "CPU priority (nice value) of the policy process; the default is the deployed agent's --nice")
+	flag.IntVar(&childNice, "child-nice", benchutil.AgentNice, "CPU priority (nice value) of the policy process; the default is the deployed agent's --nice")
 	flag.Parse()
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
@@ -203,7 +197,9 @@ func (a adapter) Sync(ctx context.Context, all map[string]*netpol.Rules) error {
 func conv(in map[string]*netpol.Rules) map[string]*policypath.Pod { return netpol.PathRules(in) }
 
 // childNice and childGC are -child-nice and -child-gc-percent, passed
-// on to the child.
+// on to the child: the policy controller runs inside the agent, so by
+// default the policy process runs at the agent's CPU priority
+// (benchutil.AgentNice) and GC target (gcflag.Default).
 var childNice, childGC int
 
 // keepLogs is -childlogs.

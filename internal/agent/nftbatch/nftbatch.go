@@ -2,6 +2,7 @@ package nftbatch
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 
 	"github.com/google/nftables"
@@ -25,12 +26,9 @@ type Key struct {
 	Del   bool
 }
 
-// Commit writes ops, which it sorts, through w (a datapath's
-// nfthost.Conn, or a nfthost.Recorder in tests): key places an op, elem
-// builds its element (once, when it is written). After each transaction
-// is committed, committed gets the ops it held, so that the caller
-// records them.
-func Commit[O any](w nfthost.ElementWriter, ops []O, key func(O) Key, elem func(O) nftables.SetElement, committed func([]O)) error {
+// Sort orders ops as they are written: deletions first, then by their
+// set's order, so that each set's deletions and additions are runs.
+func Sort[O any](ops []O, key func(O) Key) {
 	slices.SortFunc(ops, func(a, b O) int {
 		x, y := key(a), key(b)
 		if x.Del != y.Del {
@@ -41,9 +39,27 @@ func Commit[O any](w nfthost.ElementWriter, ops []O, key func(O) Key, elem func(
 		}
 		return x.Order - y.Order
 	})
-	for len(ops) > 0 {
-		tx := ops[:min(len(ops), TxOps)]
-		ops = ops[len(tx):]
+}
+
+// Transactions yields sorted ops (Sort) in transactions of at most
+// TxOps operations, each with its runs (Runs).
+func Transactions[O any](ops []O) iter.Seq[[]O] {
+	return func(yield func([]O) bool) {
+		for len(ops) > 0 {
+			tx := ops[:min(len(ops), TxOps)]
+			ops = ops[len(tx):]
+			if !yield(tx) {
+				return
+			}
+		}
+	}
+}
+
+// Runs yields the runs of a transaction's sorted ops: consecutive ops of
+// one set and verb, at most MsgElems each (one netlink message), with
+// their Key.
+func Runs[O any](tx []O, key func(O) Key) iter.Seq2[Key, []O] {
+	return func(yield func(Key, []O) bool) {
 		for i := 0; i < len(tx); {
 			first := key(tx[i])
 			j := i + 1
@@ -53,20 +69,36 @@ func Commit[O any](w nfthost.ElementWriter, ops []O, key func(O) Key, elem func(
 				}
 				j++
 			}
-			els := make([]nftables.SetElement, 0, j-i)
-			for _, o := range tx[i:j] {
+			if !yield(first, tx[i:j]) {
+				return
+			}
+			i = j
+		}
+	}
+}
+
+// Commit writes ops, which it sorts (Sort), through w (a datapath's
+// nfthost.Conn, or a nfthost.Recorder in tests): key places an op, elem
+// builds its element (once, when it is written). After each transaction
+// is committed, committed gets the ops it held, so that the caller
+// records them.
+func Commit[O any](w nfthost.ElementWriter, ops []O, key func(O) Key, elem func(O) nftables.SetElement, committed func([]O)) error {
+	Sort(ops, key)
+	for tx := range Transactions(ops) {
+		for k, run := range Runs(tx, key) {
+			els := make([]nftables.SetElement, 0, len(run))
+			for _, o := range run {
 				els = append(els, elem(o))
 			}
 			var err error
-			if first.Del {
-				err = w.SetDeleteElements(first.Set, els)
+			if k.Del {
+				err = w.SetDeleteElements(k.Set, els)
 			} else {
-				err = w.SetAddElements(first.Set, els)
+				err = w.SetAddElements(k.Set, els)
 			}
 			if err != nil {
 				return err
 			}
-			i = j
 		}
 		if err := w.Flush(); err != nil {
 			return fmt.Errorf("nft transaction of %d changes: %w", len(tx), err)

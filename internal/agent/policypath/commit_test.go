@@ -25,11 +25,7 @@ import (
 func TestApplyCommit(t *testing.T) {
 	testutil.RequireRoot(t)
 	host := nettest.NewNS(t, testutil.UniqueName("ppcm"))
-	p, err := New(t.Context(), Config{HostNS: host, Table: "ppcm"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := pathIn(t, host, "ppcm")
 	dir := func(extra bool) Dir {
 		d := Dir{Isolated: true}
 		for peer := range 50 {
@@ -122,14 +118,10 @@ func TestApplyOverlay(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := testutil.UniqueName("ppov")
-			p, err := New(t.Context(), Config{HostNS: host, Table: table})
-			if err != nil {
-				t.Fatal(err)
-			}
 			t.Cleanup(func() {
-				_ = p.Close()
 				_ = exec.Command("ip", "netns", "exec", nettest.Name(host), "nft", "delete", "table", "inet", table).Run()
 			})
+			p := pathIn(t, host, table) // closed before the table goes
 			peer := func(i int) []Allow {
 				var out []Allow
 				for port := range 20 {

@@ -1,9 +1,10 @@
 package policypath
 
 import (
-	"cmp"
 	"encoding/binary"
 	"math"
+
+	"kurma.dev/kurma/internal/policyrule"
 )
 
 // The sets, by index into setDefs.
@@ -179,38 +180,18 @@ func rangedElems(p *Pod) []elem {
 	return out
 }
 
-// cmpAllow orders allows as the engine sorts them (peer range, protocol,
-// port range): lexicographically on the fields, compared as two
-// integers (allowKey).
-func cmpAllow(a, b Allow) int {
-	ah, al := allowKey(a)
-	bh, bl := allowKey(b)
-	if ah != bh {
-		if ah < bh {
-			return -1
-		}
-		return 1
-	}
-	return cmp.Compare(al, bl)
-}
-
-// allowKey packs a's fields, in cmpAllow's order, into two integers.
-func allowKey(a Allow) (hi, lo uint64) {
-	return uint64(a.PeerLo)<<32 | uint64(a.PeerHi), uint64(a.Proto)<<32 | uint64(a.PortLo)<<16 | uint64(a.PortHi)
-}
+// cmpAllow orders allows as the engine sorts them (policyrule.Compare:
+// peer range, protocol, port range).
+func cmpAllow(a, b Allow) int { return policyrule.Compare(a, b) }
 
 // strictlySorted reports whether as is sorted by cmpAllow without
 // duplicates, holds only IPv4 peers and no ports without a protocol: then
 // distinct allows have distinct exact elements.
 func strictlySorted(as []Allow) bool {
-	var ph, pl uint64
 	for i, a := range as {
-		h, l := allowKey(a)
-		if (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) ||
-			(i > 0 && (h < ph || (h == ph && l <= pl))) {
+		if (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) || (i > 0 && cmpAllow(as[i-1], a) >= 0) {
 			return false
 		}
-		ph, pl = h, l
 	}
 	return true
 }

@@ -109,11 +109,7 @@ func TestPatchEqualsFull(t *testing.T) {
 func TestReadSetEqualsLibrary(t *testing.T) {
 	testutil.RequireRoot(t)
 	host := nettest.NewNS(t, testutil.UniqueName("pprd"))
-	p, err := New(t.Context(), Config{HostNS: host, Table: "pprd"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := pathIn(t, host, "pprd")
 	pods := map[string]*Pod{}
 	for i := range 20 {
 		pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}, Egress: Dir{Isolated: true}}

@@ -744,6 +744,9 @@ func distinct(pod *Pod) bool {
 	return validDir(pod.Ingress) && validDir(pod.Egress)
 }
 
+// opKey places an op for nftbatch: its set (setDefs' index) and verb.
+func opKey(o op) nftbatch.Key { return nftbatch.Key{Order: int(o.e.set), Del: o.del} }
+
 type op struct {
 	e   elem
 	del bool
@@ -788,36 +791,21 @@ func (p *Path) commit(ctx context.Context) error {
 	return nil
 }
 
-// commitOps writes ops as nftbatch.Commit would (deletions first, each
-// run of one set in messages of at most nftbatch.MsgElems, one
-// transaction per nftbatch.TxOps), but encoded directly into a buffer
-// the Path keeps (fullTx) and sent on a netlink connection it keeps: a
-// change allocates nothing per element, where the general library built
-// each element's attributes and messages anew (a label change's 400
-// operations were about 250 KB of garbage).
+// commitOps writes ops in nftbatch's order and batches (Sort,
+// Transactions, Runs: deletions first, each run of one set in messages of
+// at most nftbatch.MsgElems, one transaction per nftbatch.TxOps), as
+// nftbatch.Commit does, but encoded directly into a buffer the Path keeps
+// (fullTx) and sent on a netlink connection it keeps: a change allocates
+// nothing per element, where the general library built each element's
+// attributes and messages anew (a label change's 400 operations were
+// about 250 KB of garbage).
 func (p *Path) commitOps(ops []op) error {
-	slices.SortFunc(ops, func(a, b op) int {
-		if a.del != b.del {
-			if a.del {
-				return -1
-			}
-			return 1
-		}
-		return int(a.e.set) - int(b.e.set)
-	})
-	for len(ops) > 0 {
-		tx := ops[:min(len(ops), nftbatch.TxOps)]
-		ops = ops[len(tx):]
+	nftbatch.Sort(ops, opKey)
+	for tx := range nftbatch.Transactions(ops) {
 		t := fullTx{b: p.txb[:0]}
 		t.begin()
-		for i := 0; i < len(tx); {
-			j := i + 1
-			for j < len(tx) && j-i < nftbatch.MsgElems && tx[j].del == tx[i].del && tx[j].e.set == tx[i].e.set {
-				j++
-			}
-			run := tx[i:j]
-			t.elems(p.cfg.Table, setDefs[run[0].e.set], run[0].del, len(run), func(k int) *elem { return &run[k].e })
-			i = j
+		for k, run := range nftbatch.Runs(tx, opKey) {
+			t.elems(p.cfg.Table, setDefs[k.Order], k.Del, len(run), func(i int) *elem { return &run[i].e })
 		}
 		t.finish()
 		err := p.sendKept(&t)

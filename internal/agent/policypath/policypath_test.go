@@ -66,9 +66,13 @@ func serveEcho(t *testing.T, nsPath, addr string) {
 	testutil.ServeConns(t, ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 }
 
-func newPath(t *testing.T, tp *topo) *Path {
+func newPath(t *testing.T, tp *topo) *Path { return pathIn(t, tp.host, "ppt") }
+
+// pathIn is a Path on table in network namespace host, closed when the
+// test ends.
+func pathIn(t *testing.T, host, table string) *Path {
 	t.Helper()
-	p, err := New(t.Context(), Config{HostNS: tp.host, Table: "ppt"})
+	p, err := New(t.Context(), Config{HostNS: host, Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}

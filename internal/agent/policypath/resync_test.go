@@ -16,11 +16,7 @@ import (
 func TestResyncWritesDifference(t *testing.T) {
 	testutil.RequireRoot(t)
 	host := nettest.NewNS(t, testutil.UniqueName("pprs"))
-	p, err := New(t.Context(), Config{HostNS: host, Table: "pprs"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := pathIn(t, host, "pprs")
 	nft := func(args ...string) {
 		t.Helper()
 		testutil.Run(t, "ip", append([]string{"netns", "exec", nettest.Name(host), "nft"}, args...)...)
@@ -88,11 +84,7 @@ func TestResyncWritesDifference(t *testing.T) {
 func TestFullTxFails(t *testing.T) {
 	testutil.RequireRoot(t)
 	host := nettest.NewNS(t, testutil.UniqueName("pptf"))
-	p, err := New(t.Context(), Config{HostNS: host, Table: "pptf"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := pathIn(t, host, "pptf")
 	pods := map[string]*Pod{"a": {IP: ip("10.0.0.10"), Ingress: Dir{Isolated: true, Base: []Allow{exact("10.0.0.11", 6, 80)}}}}
 	if err := p.Sync(t.Context(), pods); err != nil {
 		t.Fatal(err)

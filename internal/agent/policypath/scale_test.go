@@ -18,11 +18,7 @@ import (
 func TestScale(t *testing.T) {
 	testutil.RequireRoot(t)
 	host := nettest.NewNS(t, testutil.UniqueName("ppts"))
-	p, err := New(t.Context(), Config{HostNS: host, Table: "ppts"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := pathIn(t, host, "ppts")
 	pods := map[string]*Pod{}
 	for i := range 100 {
 		pod := &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: Dir{Isolated: true}}
