@@ -68,13 +68,17 @@
 // Plug and the RTNL lock: every rtnetlink request that changes something
 // takes the kernel's RTNL lock, which a burst of pod sandboxes (their
 // namespaces, loopbacks and pairs) contends for. A fresh plug of a port
-// with one address sends 8 requests (TestPlugNetlinkRequests counts
+// with one address sends 7 requests (TestPlugNetlinkRequests counts
 // them): the pair made on its bridge in one (the bridge's index kept from
-// EnsureVPC), the host end's alias with its bridge port's hairpin mode in
-// one more (the creation cannot carry bridge port settings) and the
-// removal of the host's neighbour entry for the address (one per
-// address), on a socket of the plug's own, then the container end's
-// lookup, alias, address, up and default route in the pod's namespace.
+// EnsureVPC; the kernel's echo gives the container end's index), the host
+// end's alias with its bridge port's hairpin mode in one more (the
+// creation cannot carry bridge port settings) and the removal of the
+// host's neighbour entry for the address (one per address), on a socket
+// of the plug's own, then the container end's alias, address, up and
+// default route in the pod's namespace. The container end is made in the
+// pod's namespace, never moved there: a move holds the RTNL lock across
+// RCU grace periods (bench/README.md, stop 34: pairs made ahead of time
+// and moved at the plug made a burst's plugs slower).
 //
 // Locking: a Datapath holds no mutable state besides its netlink handle
 // (safe for concurrent use), the bridges' indexes (a sync.Map), the guard
