@@ -23,11 +23,6 @@ var baseBin = flag.String("base-bin", "", "bin folder of another build (e.g. mai
 // come from instead of the cluster's bin folder.
 var kurmaBin = flag.String("kurma-bin", "", "bin folder whose Kurma binaries the kurma setup runs (default: the cluster's)")
 
-// agentNice is the agent's --nice in the kurma setup, the deployed one:
-// the agent plugs pods while 100 sandboxes start on 2 cores, so it runs
-// ahead of them, as a node's networking daemon may (docs/kubernetes.md).
-const agentNice = benchutil.AgentNice
-
 // agentArgs is the -agent-args flag: more kurma-agent flags for the kurma
 // and kurma-base setups, after the bench's own (a later flag wins), e.g.
 // "--attach-workers 4 --nice 0" to compare settings in one run.
@@ -68,8 +63,11 @@ func kurmaFrom(_ context.Context, binDir, tmp, kurmaDir string) (setup, error) {
 		return setup{}, err
 	}
 	const metrics = "127.0.0.1:19697"
+	// The agent runs at the deployed --nice: it plugs pods while 100
+	// sandboxes start on 2 cores, so it runs ahead of them, as a node's
+	// networking daemon may (docs/kubernetes.md).
 	node := &kurmanode.Node{Socket: filepath.Join(tmp, "sock", "cni.sock"), CtlAddr: "127.0.0.1:19698", Token: "kbench",
-		AgentArgs: append([]string{"--metrics-listen", metrics, "--nice", strconv.Itoa(agentNice)}, strings.Fields(*agentArgs)...), BinDir: kurmaDir}
+		AgentArgs: append([]string{"--metrics-listen", metrics, "--nice", strconv.Itoa(benchutil.AgentNice)}, strings.Fields(*agentArgs)...), BinDir: kurmaDir}
 	return setup{
 		ConfList: kurmanode.ConfList(node.Socket),
 		BinDir:   plugins,

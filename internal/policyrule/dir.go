@@ -101,24 +101,18 @@ func (d Dir) List() []Allow {
 	if d.Overlay() == 0 {
 		return d.Base
 	}
-	out := make([]Allow, 0, d.Len())
-	c := d.Cursor()
-	for a, ok := c.Next(); ok; a, ok = c.Next() {
-		out = append(out, a)
-	}
-	return out
+	return slices.AppendSeq(make([]Allow, 0, d.Len()), d.All())
+}
+
+// contains reports whether s, sorted by Compare, holds a.
+func contains(s []Allow, a Allow) bool {
+	_, ok := slices.BinarySearchFunc(s, a, Compare)
+	return ok
 }
 
 // Has reports whether d's list holds a.
 func (d Dir) Has(a Allow) bool {
-	if _, ok := slices.BinarySearchFunc(d.Add, a, Compare); ok {
-		return true
-	}
-	if _, ok := slices.BinarySearchFunc(d.Del, a, Compare); ok {
-		return false
-	}
-	_, ok := slices.BinarySearchFunc(d.Base, a, Compare)
-	return ok
+	return contains(d.Add, a) || !contains(d.Del, a) && contains(d.Base, a)
 }
 
 // OverlayFits reports whether d's overlay fits its Base as With keeps
@@ -126,12 +120,12 @@ func (d Dir) Has(a Allow) bool {
 // sorted). O(overlay × log Base).
 func (d Dir) OverlayFits() bool {
 	for _, a := range d.Add {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); ok {
+		if contains(d.Base, a) {
 			return false
 		}
 	}
 	for _, a := range d.Del {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); !ok {
+		if !contains(d.Base, a) {
 			return false
 		}
 	}
@@ -220,7 +214,7 @@ func (d Dir) With(add, del []Allow) Dir {
 func (d Dir) split(changes, buf []Allow) (out, in []Allow) {
 	i, j := 0, len(buf)
 	for _, a := range changes {
-		if _, ok := slices.BinarySearchFunc(d.Base, a, Compare); ok {
+		if contains(d.Base, a) {
 			j--
 			buf[j] = a
 		} else {

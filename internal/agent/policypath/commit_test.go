@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -36,7 +37,7 @@ func TestApplyCommit(t *testing.T) {
 				d.Base = append(d.Base, exact(netip.AddrFrom4([4]byte{10, 2, 0, byte(peer)}).String(), 6, uint16(1000+port)))
 			}
 		}
-		slices.SortFunc(d.Base, cmpAllow)
+		slices.SortFunc(d.Base, policyrule.Compare)
 		return d
 	}
 	plain, more := dir(false), dir(true)
@@ -133,7 +134,7 @@ func TestApplyOverlay(t *testing.T) {
 			for i := range tc.peers {
 				base.Base = append(base.Base, peer(i)...)
 			}
-			slices.SortFunc(base.Base, cmpAllow)
+			slices.SortFunc(base.Base, policyrule.Compare)
 			// The classes' lists: class c's two pods; even classes gain
 			// peer tc.peers+c, odd ones lose peer c.
 			var plain, moved [10]Dir

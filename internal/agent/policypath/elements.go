@@ -180,16 +180,12 @@ func rangedElems(p *Pod) []elem {
 	return out
 }
 
-// cmpAllow orders allows as the engine sorts them (policyrule.Compare:
-// peer range, protocol, port range).
-func cmpAllow(a, b Allow) int { return policyrule.Compare(a, b) }
-
-// strictlySorted reports whether as is sorted by cmpAllow without
+// strictlySorted reports whether as is sorted by policyrule.Compare without
 // duplicates, holds only IPv4 peers and no ports without a protocol: then
 // distinct allows have distinct exact elements.
 func strictlySorted(as []Allow) bool {
 	for i, a := range as {
-		if (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) || (i > 0 && cmpAllow(as[i-1], a) >= 0) {
+		if (a.Proto == 0 && (a.PortLo != 0 || a.PortHi != 0)) || (i > 0 && policyrule.Compare(as[i-1], a) >= 0) {
 			return false
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -49,12 +50,12 @@ func TestPatchEqualsFull(t *testing.T) {
 			d.Base = append(d.Base, a)
 		}
 		if r.IntN(6) > 0 { // sorted and unique, as the engine gives them
-			slices.SortFunc(d.Base, cmpAllow)
+			slices.SortFunc(d.Base, policyrule.Compare)
 			d.Base = slices.CompactFunc(d.Base, func(a, b Allow) bool { return a == b })
 		}
 		return d
 	}
-	p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
+	p := booksOnly()
 	keys := []string{"a", "b", "c"}
 	kernel := map[elem]bool{} // as commit leaves it
 	for step := range 5000 {
@@ -177,14 +178,14 @@ func BenchmarkPatchOwner(b *testing.B) {
 			plain.Base = append(plain.Base, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
 		}
 	}
-	slices.SortFunc(plain.Base, cmpAllow)
+	slices.SortFunc(plain.Base, policyrule.Compare)
 	var extra []Allow
 	for port := range 20 {
 		a := Addr4(10<<24 | 64<<16 | 5)
 		extra = append(extra, Allow{PeerLo: a, PeerHi: a, Proto: 6, PortLo: uint16(1000 + port*50), PortHi: uint16(1000 + port*50)})
 	}
 	copied := Dir{Isolated: true, Base: append(slices.Clone(plain.Base), extra...)}
-	slices.SortFunc(copied.Base, cmpAllow)
+	slices.SortFunc(copied.Base, policyrule.Compare)
 	pods := func(d Dir) map[string]*Pod {
 		m := map[string]*Pod{}
 		for i := range 20 {
@@ -200,7 +201,7 @@ func BenchmarkPatchOwner(b *testing.B) {
 		{"overlay", plain.With(extra, nil)},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
+			p := booksOnly()
 			a, c := pods(plain), pods(bc.more)
 			for k, pod := range a {
 				p.setOwner(k, pod)
@@ -236,7 +237,7 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 			}
 		}
 		if sorted {
-			slices.SortFunc(d.Base, cmpAllow)
+			slices.SortFunc(d.Base, policyrule.Compare)
 		} else {
 			slices.Reverse(d.Base)
 		}
@@ -261,7 +262,7 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 		{"overlay out of order", []Dir{ov, bad, ov, ov}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &Path{pods: map[string]Pod{}, refs: map[elem]int32{}, pending: map[elem]bool{}}
+			p := booksOnly()
 			for i := range tc.next {
 				p.setOwner(fmt.Sprint(i), &Pod{IP: netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), Ingress: old})
 			}
@@ -290,4 +291,12 @@ func TestSharedListsWalkedOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// booksOnly is a Path with its bookkeeping alone (no kernel): what
+// setOwner and patchOwner use.
+func booksOnly() *Path {
+	p := &Path{}
+	p.resetBooks(0, 0)
+	return p
 }

@@ -96,8 +96,8 @@ func New(ctx context.Context, cfg Config) (_ *Path, retErr error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Path{cfg: cfg, log: cfg.Logger, pods: map[string]Pod{}, checked: map[string]bool{},
-		refs: map[elem]int32{}, pending: map[elem]bool{}}
+	p := &Path{cfg: cfg, log: cfg.Logger}
+	p.resetBooks(0, 0)
 	nsPath := cfg.HostNS
 	if nsPath == "" {
 		nsPath = "/proc/self/ns/net"
@@ -335,16 +335,22 @@ func (p *Path) diff(olds, els []elem) {
 	}
 }
 
+// resetBooks empties the wanted state and its bookkeeping (pods,
+// checked, refs, pending), sized for owners owners and elems elements.
+func (p *Path) resetBooks(owners, elems int) {
+	p.pods = make(map[string]Pod, owners)
+	p.checked = make(map[string]bool, owners)
+	p.refs = make(map[elem]int32, elems)
+	p.pending = map[elem]bool{}
+}
+
 // setChecked records whether owner k's lists are known to pass validDir.
 func (p *Path) setChecked(k string, ok bool) {
-	if !ok {
+	if ok {
+		p.checked[k] = true
+	} else {
 		delete(p.checked, k)
-		return
 	}
-	if p.checked == nil {
-		p.checked = map[string]bool{}
-	}
-	p.checked[k] = true
 }
 
 func (p *Path) ref(e elem) {
@@ -492,7 +498,7 @@ func listDiff(o, c Dir) walked {
 		case okx && oky && x == y: // most are kept
 			x, okx = oc.Next()
 			y, oky = cc.Next()
-		case !oky || (okx && cmpAllow(x, y) < 0):
+		case !oky || (okx && policyrule.Compare(x, y) < 0):
 			out = append(out, touched{x, false})
 			x, okx = oc.Next()
 		default:
@@ -527,7 +533,7 @@ func mergeOverlays(o, c Dir, f func(a Allow, add bool)) {
 		var least Allow
 		found := false
 		for _, l := range lists {
-			if len(l) > 0 && (!found || cmpAllow(l[0], least) < 0) {
+			if len(l) > 0 && (!found || policyrule.Compare(l[0], least) < 0) {
 				least, found = l[0], true
 			}
 		}
@@ -668,10 +674,7 @@ func (p *Path) syncFull(ctx context.Context, all map[string]*Pod) error {
 			n += 2 + pod.Ingress.Len() + pod.Egress.Len()
 		}
 	}
-	p.pods = make(map[string]Pod, len(all))
-	p.checked = make(map[string]bool, len(all))
-	p.refs = make(map[elem]int32, n)
-	p.pending = map[elem]bool{}
+	p.resetBooks(len(all), n)
 	p.kernel = -1 // unknown until the transaction succeeds
 	var seen map[elem]bool
 	for k, pod := range all {

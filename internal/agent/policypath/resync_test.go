@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -30,7 +31,7 @@ func TestResyncWritesDifference(t *testing.T) {
 			}
 			pod.Ingress.Base = append(pod.Ingress.Base, Allow{PeerLo: A4(netip.MustParseAddr("172.16.0.0")), PeerHi: A4(netip.MustParseAddr("172.16.0.255")), Proto: 17, PortLo: 53, PortHi: 60})
 			pod.Egress.Base = []Allow{{PeerLo: A4(netip.MustParseAddr("10.3.0.1")), PeerHi: A4(netip.MustParseAddr("10.3.0.1"))}}
-			slices.SortFunc(pod.Ingress.Base, cmpAllow)
+			slices.SortFunc(pod.Ingress.Base, policyrule.Compare)
 			pods[string(rune('a'+i))] = pod
 		}
 		return pods

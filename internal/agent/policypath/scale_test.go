@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"kurma.dev/kurma/internal/agent/nettest"
+	"kurma.dev/kurma/internal/policyrule"
 	"kurma.dev/kurma/internal/testutil"
 )
 
@@ -31,7 +32,7 @@ func TestScale(t *testing.T) {
 			hi := netip.AddrFrom4([4]byte{172, 16, byte(k), 255})
 			pod.Ingress.Base = append(pod.Ingress.Base, Allow{PeerLo: A4(lo), PeerHi: A4(hi), Proto: 6, PortLo: 80, PortHi: 90})
 		}
-		slices.SortFunc(pod.Ingress.Base, cmpAllow) // as the engine gives them
+		slices.SortFunc(pod.Ingress.Base, policyrule.Compare) // as the engine gives them
 		pods[string(rune('a'+i%26))+string(rune('0'+i/26))] = pod
 	}
 	start := time.Now()
@@ -50,7 +51,7 @@ func TestScale(t *testing.T) {
 			pod := *pods[key]
 			pod.Ingress.Base = slices.Clone(pod.Ingress.Base)
 			change(i, &pod)
-			slices.SortFunc(pod.Ingress.Base, cmpAllow)
+			slices.SortFunc(pod.Ingress.Base, policyrule.Compare)
 			t0 := time.Now()
 			if err := p.Apply(t.Context(), map[string]*Pod{key: &pod}); err != nil {
 				t.Fatal(err)

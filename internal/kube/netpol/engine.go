@@ -970,8 +970,8 @@ func patch(old Dir, iso bool, set map[Allow]int32, flip map[Allow]bool) Dir {
 	if len(add) == 0 && len(del) == 0 {
 		return old
 	}
-	slices.SortFunc(add, cmpAllow)
-	slices.SortFunc(del, cmpAllow)
+	slices.SortFunc(add, policyrule.Compare)
+	slices.SortFunc(del, policyrule.Compare)
 	return old.With(add, del)
 }
 
@@ -984,7 +984,7 @@ func finish(d *Dir, set map[Allow]int32) []Allow {
 	for a := range set {
 		out = append(out, a)
 	}
-	slices.SortFunc(out, cmpAllow)
+	slices.SortFunc(out, policyrule.Compare)
 	return out
 }
 

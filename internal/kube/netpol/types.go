@@ -161,10 +161,6 @@ func (r *Rules) Equal(o *Rules) bool {
 	return r.IP == o.IP && r.Ingress.Equal(o.Ingress) && r.Egress.Equal(o.Egress)
 }
 
-// cmpAllow orders allows by peer range, protocol and port range (the
-// order policypath expects).
-func cmpAllow(a, b Allow) int { return policyrule.Compare(a, b) }
-
 // policy is a compiled NetworkPolicy.
 type policy struct {
 	namespace, name  string
